@@ -1,0 +1,355 @@
+"""Swap `nn.GroupNorm` layers of a model for `gn_module.GroupNorm` (and back).
+
+The new layers reuse the original Parameter objects, so optimizers built before or after the swap,
+state_dict keys and checkpoints stay valid. Forward/backward/state-dict hooks move with the layer
+(the hook dictionaries are shared, so existing hook handles still remove them).
+
+SiLU fusion only happens where it is structurally safe:
+  * a GroupNorm directly followed by an `nn.SiLU` inside a plain `nn.Sequential`: the GroupNorm
+    becomes ``GroupNorm(act="silu")`` and the SiLU slot becomes `SiLUSlot` (an `nn.Identity`), so
+    indices and state_dict keys do not move;
+  * timm's ``GroupNormAct`` with an ``nn.SiLU`` act and no dropout.
+It is declined when either layer has hooks, or the GroupNorm instance also appears elsewhere.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from gn_module.module import GroupNorm
+
+# Subclasses that override forward but compute exactly F.group_norm (by qualified class name, so
+# timm need not be installed).
+PLAIN_GROUPNORM_CLASSES = frozenset(
+    {
+        "timm.layers.norm.GroupNorm",
+        "timm.layers.norm.GroupNorm1",
+        "timm.models.layers.norm.GroupNorm",
+        "timm.models.layers.norm.GroupNorm1",
+    }
+)
+# GroupNorm subclasses computing act(drop(group_norm(x))) with `act` and `drop` child modules.
+GROUPNORM_ACT_CLASSES = frozenset(
+    {
+        "timm.layers.norm_act.GroupNormAct",
+        "timm.layers.norm_act.GroupNorm1Act",
+        "timm.models.layers.norm_act.GroupNormAct",
+        "timm.models.layers.norm_act.GroupNorm1Act",
+    }
+)
+
+# Every per-module hook container nn.Module has in this torch version (forward, backward, state_dict...).
+_HOOK_ATTRS = tuple(name for name in vars(nn.Module()) if "hook" in name)
+# The converted layer keeps the module it replaced here (a plain attribute, not a submodule, so it
+# is invisible to state_dict, parameters() and .to()) so that revert gives back the same object.
+_ORIGINAL = "_gn_original"
+
+Patterns = str | Iterable[str] | None
+
+
+class SiLUSlot(nn.Identity):
+    """Placeholder left where a SiLU was fused into the preceding GroupNorm; revert puts it back."""
+
+    def __init__(self, silu: nn.Module | None = None) -> None:
+        super().__init__()
+        object.__setattr__(self, _ORIGINAL, silu)
+
+
+@dataclass
+class ConversionReport:
+    """What `convert_groupnorm` / `revert_groupnorm` did, by qualified module name.
+
+    ``swapped``: layers replaced; ``fused``: GroupNorm layers that now also apply (convert) or no
+    longer apply (revert) the SiLU; ``already``: layers that needed nothing; ``skipped``: name ->
+    reason for layers left alone and for declined fusions (named ``"<norm>+<silu>"``).
+    """
+
+    swapped: list[str] = field(default_factory=list)
+    fused: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, int]:
+        return {name: len(getattr(self, name)) for name in ("swapped", "fused", "already", "skipped")}
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{k} {v}" for k, v in self.summary().items())
+        lines = [counts] + [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def convert_groupnorm(
+    module: nn.Module,
+    *,
+    fuse_silu: bool = True,
+    include: Patterns = None,
+    exclude: Patterns = None,
+    min_channels: int = 0,
+) -> tuple[nn.Module, ConversionReport]:
+    """Replace GroupNorm layers in ``module`` by `gn_module.GroupNorm`, in place where possible.
+
+    Returns the module (a new object only when ``module`` itself is a GroupNorm) and a report.
+    ``include``/``exclude`` are fnmatch patterns on qualified names (as in ``named_modules()``);
+    layers with fewer than ``min_channels`` channels are left alone. Converting twice changes nothing.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"convert_groupnorm(): expected an nn.Module, got {type(module).__name__}")
+    if isinstance(min_channels, bool) or not isinstance(min_channels, int) or min_channels < 0:
+        raise ValueError(f"convert_groupnorm(): min_channels must be an int >= 0, got {min_channels!r}")
+    include, exclude = _patterns(include, "include"), _patterns(exclude, "exclude")
+    walker = _Converter(module, fuse_silu, include, exclude, min_channels)
+    return walker.visit(module, ""), walker.report
+
+
+def revert_groupnorm(module: nn.Module) -> tuple[nn.Module, ConversionReport]:
+    """Undo `convert_groupnorm`: converted layers become the modules they replaced (sharing the current
+    Parameters), `SiLUSlot` becomes the SiLU again, and other `gn_module.GroupNorm` layers become
+    plain `nn.GroupNorm` (a fused one only when a `SiLUSlot` follows it)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"revert_groupnorm(): expected an nn.Module, got {type(module).__name__}")
+    walker = _Reverter(module)
+    return walker.visit(module, ""), walker.report
+
+
+# ---------------------------------------------------------------------------------------------
+# Classification
+
+
+def _qualname(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return any(getattr(module, attr, None) for attr in _HOOK_ATTRS if attr != "_is_full_backward_hook")
+
+
+def groupnorm_act(module: nn.GroupNorm) -> tuple[str | None, str | None]:
+    """(act, None) when ``module`` computes plain GroupNorm followed by act (None or "silu"), else
+    (None, reason it cannot be represented by `gn_module.GroupNorm`)."""
+    name = _qualname(module)
+    if "forward" in vars(module):
+        return None, "forward is overridden on the instance"
+    if isinstance(module, GroupNorm):
+        allowed_children: set[str] = set()
+        act = module.act
+    elif type(module).forward is nn.GroupNorm.forward or name in PLAIN_GROUPNORM_CLASSES:
+        allowed_children, act = set(), None
+    elif name in GROUPNORM_ACT_CLASSES:
+        allowed_children = {"act", "drop"}
+        act, reason = _act_of_children(module)
+        if reason:
+            return None, reason
+    else:
+        return None, f"{name} overrides forward"
+    extra = [f"parameter {k}" for k in module._parameters if k not in ("weight", "bias")]
+    extra += [f"buffer {k}" for k in module._buffers]
+    extra += [f"submodule {k}" for k in module._modules if k not in allowed_children]
+    if extra:
+        return None, f"{name} has state a GroupNorm does not have ({', '.join(extra)})"
+    return act, None
+
+
+def _act_of_children(module: nn.Module) -> tuple[str | None, str | None]:
+    act, drop = getattr(module, "act", None), getattr(module, "drop", None)
+    if type(drop) is not nn.Identity:
+        return None, f"has drop={type(drop).__name__}, not nn.Identity"
+    if _has_hooks(act) or _has_hooks(drop):
+        return None, "its act or drop submodule has hooks"
+    if type(act) is nn.Identity:
+        return None, None
+    if type(act) is nn.SiLU:
+        return "silu", None
+    return None, f"act={type(act).__name__} has no fused kernel (only SiLU)"
+
+
+def _patterns(value: Patterns, what: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    patterns = (value,) if isinstance(value, str) else tuple(value)
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"convert_groupnorm(): {what} must be a string or an iterable of strings")
+    return patterns
+
+
+def _occurrences(root: nn.Module) -> Counter[int]:
+    """How many parent slots hold each module (a shared module counts once per slot)."""
+    counts: Counter[int] = Counter({id(root): 1})
+
+    def visit(module: nn.Module) -> None:
+        for child in module._modules.values():
+            if child is not None:
+                counts[id(child)] += 1
+                if counts[id(child)] == 1:
+                    visit(child)
+
+    visit(root)
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Building modules that share Parameters and hooks
+
+
+def _rehome(new: nn.Module, old: nn.Module) -> nn.Module:
+    """Give ``new`` the Parameters, training flag and hooks of ``old``; returns ``new``."""
+    for key in ("weight", "bias"):
+        new._parameters[key] = old._parameters.get(key)
+    for attr in _HOOK_ATTRS:
+        setattr(new, attr, getattr(old, attr))
+    new.eps = old.eps
+    new.train(old.training)
+    return new
+
+
+def _make_groupnorm(old: nn.GroupNorm, cls: type[nn.GroupNorm], **kwargs: object) -> nn.GroupNorm:
+    # Built on the meta device so no memory is allocated for parameters that are replaced at once.
+    new = cls(old.num_groups, old.num_channels, eps=old.eps, affine=old.affine, device="meta", **kwargs)
+    return _rehome(new, old)
+
+
+class _Walker:
+    """Depth-first walk over the module tree that replaces modules and memoizes replacements so that
+    a module shared between several parents is converted once and stays shared."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.report = ConversionReport()
+        self.counts = _occurrences(root)
+        # id -> (module, replacement); holding the module keeps its id from being reused mid-walk.
+        self.memo: dict[int, tuple[nn.Module, nn.Module]] = {}
+
+    def visit(self, module: nn.Module, name: str) -> nn.Module:
+        if id(module) in self.memo:
+            return self.memo[id(module)][1]
+        self.before_children(module, name)
+        new = self.replace(module, name)
+        self.memo[id(module)] = (module, new)
+        if new is module:
+            for key, child in module._modules.items():
+                if child is not None:
+                    module._modules[key] = self.visit(child, f"{name}.{key}" if name else key)
+            self.after_children(module, name)
+        return new
+
+    def before_children(self, module: nn.Module, name: str) -> None:
+        pass
+
+    def after_children(self, module: nn.Module, name: str) -> None:
+        pass
+
+    def replace(self, module: nn.Module, name: str) -> nn.Module:
+        raise NotImplementedError
+
+
+def _is_plain_sequential(module: nn.Module) -> bool:
+    return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+
+
+class _Converter(_Walker):
+    def __init__(
+        self,
+        root: nn.Module,
+        fuse_silu: bool,
+        include: tuple[str, ...] | None,
+        exclude: tuple[str, ...] | None,
+        min_channels: int,
+    ) -> None:
+        super().__init__(root)
+        self.fuse_silu, self.min_channels = fuse_silu, min_channels
+        self.include, self.exclude = include, exclude
+
+    def reason_to_skip(self, module: nn.GroupNorm, name: str) -> str | None:
+        if self.include is not None and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
+            return f"name matches no include pattern {list(self.include)}"
+        for pattern in self.exclude or ():
+            if fnmatch.fnmatchcase(name, pattern):
+                return f"name matches exclude pattern {pattern!r}"
+        if module.num_channels < self.min_channels:
+            return f"num_channels={module.num_channels} < min_channels={self.min_channels}"
+        return None
+
+    def replace(self, module: nn.Module, name: str) -> nn.Module:
+        if isinstance(module, GroupNorm):
+            self.report.already.append(name)
+            return module
+        if not isinstance(module, nn.GroupNorm):
+            return module
+        act, reason = groupnorm_act(module)
+        reason = reason or self.reason_to_skip(module, name)
+        if reason is None and act == "silu" and not self.fuse_silu:
+            reason = "its activation is SiLU and fuse_silu=False"
+        if reason is not None:
+            self.report.skipped[name] = reason
+            return module
+        new = _make_groupnorm(module, GroupNorm, act=act)
+        object.__setattr__(new, _ORIGINAL, module)
+        self.counts[id(new)] = self.counts[id(module)]
+        self.report.swapped.append(name)
+        if act == "silu":
+            self.report.fused.append(name)
+        return new
+
+    def after_children(self, module: nn.Module, name: str) -> None:
+        if not self.fuse_silu or not _is_plain_sequential(module):
+            return
+        keys = list(module._modules)
+        for key, next_key in itertools.pairwise(keys):
+            norm, silu = module._modules[key], module._modules[next_key]
+            if not (isinstance(norm, GroupNorm) and norm.act is None and type(silu) is nn.SiLU):
+                continue
+            norm_name, silu_name = (f"{name}.{k}" if name else k for k in (key, next_key))
+            reason = None
+            if _has_hooks(norm) or _has_hooks(silu):
+                reason = "the GroupNorm or the SiLU has hooks that would see a different tensor"
+            elif self.counts[id(norm)] > 1:
+                reason = "the GroupNorm instance is also used elsewhere, where no SiLU may follow it"
+            if reason is not None:
+                self.report.skipped[f"{norm_name}+{silu_name}"] = f"not fused: {reason}"
+                continue
+            # In-place SiLU fuses too: inside a Sequential nothing else sees the GroupNorm output.
+            norm.act = "silu"
+            module._modules[next_key] = SiLUSlot(silu)
+            self.report.fused.append(norm_name)
+
+
+class _Reverter(_Walker):
+    def before_children(self, module: nn.Module, name: str) -> None:
+        # Un-fuse GroupNorm(act="silu") + SiLUSlot pairs first; the GroupNorm is then reverted as a
+        # plain one when the walk reaches it.
+        keys = list(module._modules)
+        for key, next_key in itertools.pairwise(keys):
+            norm, slot = module._modules[key], module._modules[next_key]
+            if isinstance(norm, GroupNorm) and norm.act == "silu" and isinstance(slot, SiLUSlot):
+                norm.act = None
+                module._modules[next_key] = getattr(slot, _ORIGINAL, None) or nn.SiLU()
+                self.report.fused.append(f"{name}.{key}" if name else key)
+
+    def replace(self, module: nn.Module, name: str) -> nn.Module:
+        if isinstance(module, SiLUSlot):
+            self.report.skipped[name] = "SiLUSlot does not follow a fused GroupNorm; left in place"
+            return module
+        if not isinstance(module, GroupNorm):
+            if isinstance(module, nn.GroupNorm):
+                self.report.already.append(name)
+            return module
+        original = getattr(module, _ORIGINAL, None)
+        if original is not None:
+            act, _ = groupnorm_act(original)
+            if act != module.act:
+                self.report.skipped[name] = f"act changed since conversion ({act!r} -> {module.act!r})"
+                return module
+            new = _rehome(original, module)
+            new.train(module.training)  # also the children of a GroupNormAct
+        elif module.act is None:
+            new = _make_groupnorm(module, nn.GroupNorm)
+        else:
+            self.report.skipped[name] = "fused SiLU has no SiLUSlot after it to move back into"
+            return module
+        self.report.swapped.append(name)
+        return new
