@@ -131,7 +131,9 @@ class EventTimer:
     def __init__(self, device: Any = None, *, flush: bool = True) -> None:
         torch = _torch()
         self.torch = torch
-        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        )
         self.flush_bytes = FLUSH_L2_MULTIPLE * l2_cache_bytes(self.device) if flush else 0
         self._flush_buf = (
             torch.empty(self.flush_bytes // 4, dtype=torch.float32, device=self.device).fill_(1.0)
@@ -253,7 +255,12 @@ class CopyBandwidth:
         return throughput_tbps(2 * self.nbytes, self.timing.median_us)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"nbytes": self.nbytes, "moved_bytes": 2 * self.nbytes, "tbps": self.tbps, **self.timing.as_dict()}
+        return {
+            "nbytes": self.nbytes,
+            "moved_bytes": 2 * self.nbytes,
+            "tbps": self.tbps,
+            **self.timing.as_dict(),
+        }
 
 
 def copy_bandwidth(
@@ -266,8 +273,5 @@ def copy_bandwidth(
     torch = timer.torch
     src = torch.empty(nbytes, dtype=torch.uint8, device=timer.device).fill_(7)
     dst = torch.empty_like(src)
-    try:
-        timing = time_cuda(lambda: dst.copy_(src), reps=reps, warmup=3, timer=timer)
-    finally:
-        del src, dst
+    timing = time_cuda(lambda: dst.copy_(src), reps=reps, warmup=3, timer=timer)
     return CopyBandwidth(nbytes=nbytes, timing=timing)

@@ -1,0 +1,190 @@
+"""What is timed for each implementation: shared by `python -m gn_module.bench` and benchmarks/.
+
+All implementations compute ``silu(group_norm(x))`` (SiLU only where the case says) with weight and
+bias in x's dtype, on the same data:
+
+- ``ours-auto`` / ``ours-1pass`` / ``ours-2pass``: ``gn_module.group_norm(..., passes=...)`` on
+  channels_last x.
+- ``eager``: ``F.group_norm`` (+ ``F.silu``) on the same channels_last x.
+- ``compile-cl`` / ``compile-nchw``: ``torch.compile(dynamic=False)`` of that eager function, compiled for
+  this shape only, on the channels_last x and on an NCHW-contiguous copy.
+
+Forward timing: one call under ``torch.no_grad()`` (inference forward; the compiled variants compile
+an inference graph for it).
+
+Backward timing: the forward runs once, outside timing, with x, weight and bias requiring grad; the timed
+call is ``torch.autograd.grad(y, (x, weight, bias), dy, retain_graph=True)``. It runs exactly the backward
+kernels of the graph: dx, dweight and dbias (and SiLU's backward where present). For torch.compile this is
+the backward graph AOTAutograd compiled jointly with the forward (compiled lazily at the first backward,
+i.e. during warm-up). Donated buffers are turned off for compiled graphs because they forbid
+``retain_graph=True``; they only save memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gn_module.bench_cases import IMPLS, Case
+
+EPS = 1e-5
+PASSES = {"ours-auto": "auto", "ours-1pass": 1, "ours-2pass": 2}
+#: Names the launcher may give its "which schedule would auto pick" helper (looked up, never required).
+AUTO_SCHEDULE_NAMES = (
+    "chosen_schedule",
+    "auto_schedule",
+    "choose_schedule",
+    "pick_schedule",
+    "select_schedule",
+)
+PLAN_FIELDS = ("schedule", "grid", "tiles", "overflow_tiles", "residency", "waves", "cap")
+
+
+@dataclass
+class Prepared:
+    """A zero-argument callable to time, and what our launcher planned for it (ours only)."""
+
+    fn: Callable[[], object]
+    plan: dict[str, Any] | None
+    tensors: tuple[Any, ...]  # kept alive for the lifetime of `fn`
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    table = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(table)}") from None
+
+
+def reference(x: Any, groups: int, weight: Any, bias: Any, act: str | None) -> Any:
+    """PyTorch's GroupNorm (+ SiLU): the eager and torch.compile implementation."""
+    import torch.nn.functional as F
+
+    y = F.group_norm(x, groups, weight, bias, EPS)
+    return F.silu(y) if act == "silu" else y
+
+
+def make_inputs(case: Case, dtype: str, device: Any, *, seed: int = 0) -> tuple[Any, Any, Any]:
+    """channels_last (or channels_last_3d) x with unit-ish statistics, and weight/bias in x's dtype."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    td = torch_dtype(dtype)
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(case.shape))
+    if fmt is None:
+        raise ValueError(f"benchmark shapes are 4-D or 5-D, got {case.shape}")
+    x = torch.empty(case.shape, dtype=td, device=device, memory_format=fmt)
+    x.normal_(0.5, 2.0, generator=gen)
+    c = case.shape[1]
+    weight = torch.empty(c, dtype=td, device=device).normal_(1.0, 0.1, generator=gen)
+    bias = torch.empty(c, dtype=td, device=device).normal_(0.0, 0.1, generator=gen)
+    return x, weight, bias
+
+
+def make_op(impl: str, case: Case, *, compile_mode: str | None = None) -> Callable[[Any, Any, Any], Any]:
+    """y = op(x, weight, bias) for an implementation name."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
+    groups, act = case.groups, case.act
+    if impl in PASSES:
+        import gn_module
+
+        passes = PASSES[impl]
+        return lambda x, w, b: gn_module.group_norm(x, groups, w, b, EPS, act, passes=passes)
+    if impl == "eager":
+        return lambda x, w, b: reference(x, groups, w, b, act)
+    import torch
+    import torch._functorch.config as functorch_config
+
+    # donated buffers forbid retain_graph=True in the timed backward (see module docstring).
+    functorch_config.donated_buffer = False
+    # one compile per shape: drop earlier graphs so dynamo's recompile limit never falls back to eager.
+    torch.compiler.reset()
+
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        return reference(x, groups, w, b, act)
+
+    return torch.compile(fn, dynamic=False, mode=compile_mode)
+
+
+def prepare(
+    impl: str,
+    case: Case,
+    dtype: str,
+    direction: str,
+    device: Any,
+    *,
+    compile_mode: str | None = None,
+    seed: int = 0,
+) -> Prepared:
+    """Build inputs and the callable that the timer calls (see the module docstring for what it covers)."""
+    import torch
+
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    x, weight, bias = make_inputs(case, dtype, device, seed=seed)
+    if impl == "compile-nchw":
+        x = x.contiguous()
+    op = make_op(impl, case, compile_mode=compile_mode)
+    plan = plan_info(impl, case, dtype, direction, x.device) if impl in PASSES else None
+    if direction == "fwd":
+
+        def forward() -> object:
+            with torch.no_grad():
+                return op(x, weight, bias)
+
+        return Prepared(forward, plan, (x, weight, bias))
+    leaves = tuple(t.requires_grad_() for t in (x, weight, bias))
+    y = op(*leaves)
+    dy = torch.randn_like(y)  # same strides as y
+
+    def backward() -> object:
+        return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+    return Prepared(backward, plan, (*leaves, y, dy))
+
+
+def _plan_dict(plan: Any) -> dict[str, Any]:
+    return {f: getattr(plan, f) for f in PLAN_FIELDS if hasattr(plan, f)}
+
+
+def plan_info(impl: str, case: Case, dtype: str, direction: str, device: Any) -> dict[str, Any] | None:
+    """The launch plan our launcher uses for this call, or None when the launcher does not expose it.
+
+    Defensive on purpose: `gn_module.ops` is written in parallel with this module.
+    """
+    try:
+        from gn_module import ops
+    except Exception:  # no extension, no toolkit: the timing itself reports the real error
+        return None
+    td = torch_dtype(dtype)
+    passes = PASSES[impl]
+    schedule: Any = passes
+    if passes == "auto":
+        chooser = next((getattr(ops, n) for n in AUTO_SCHEDULE_NAMES if hasattr(ops, n)), None)
+        if chooser is None:
+            return None
+        try:
+            schedule = chooser(case.shape, case.groups, td, direction, device=device)
+        except TypeError:
+            try:
+                schedule = chooser(case.shape, case.groups, td, direction)
+            except Exception:
+                return None
+        except Exception:
+            return None
+        if hasattr(schedule, "grid"):  # the chooser returned the plan itself
+            return _plan_dict(schedule)
+        if hasattr(schedule, "schedule"):
+            schedule = schedule.schedule
+    planner = getattr(ops, "plan", None)
+    if planner is None:
+        return {"schedule": schedule}
+    try:
+        return _plan_dict(planner(case.shape, case.groups, td, direction, schedule, device=device))
+    except Exception as exc:
+        return {"schedule": schedule, "plan_error": f"{type(exc).__name__}: {exc}"}
