@@ -1,0 +1,343 @@
+"""Compile the CUDA sources for one arch with nvcc and read each kernel's resources from ptxas.
+
+``compile_arch("sm_80")`` runs ``nvcc -cubin -arch=sm_80 -O3 -std=c++17 -Xptxas -v`` on every
+``csrc/*.cu`` (in parallel) and parses the ptxas report into one :class:`KernelReport` per
+kernel: registers, static shared memory, local memory, stack and spills. Results are cached on
+disk by (arch, hash of the sources, nvcc version, flags). No torch, no GPU needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gn_module.schedule import KernelResources
+
+NVCC_FLAGS = ("-O3", "-std=c++17", "-Xptxas", "-v")
+KERNELS = (
+    "fwd_onepass",
+    "fwd_tiles",
+    "fwd_apply",
+    "fwd_combine",
+    "level_reduce",
+    "bwd_onepass",
+    "bwd_tiles",
+    "bwd_combine",
+    "bwd_apply",
+)
+# Itanium-mangled template arguments we name; anything else keeps the raw name.
+_TYPE_CODES = {"f": "fp32", "d": "fp64", "6__half": "fp16", "13__nv_bfloat16": "bf16"}
+
+
+class NvccNotFound(RuntimeError):
+    """No nvcc on this machine: compile-based checks must skip."""
+
+
+class CompileError(RuntimeError):
+    """nvcc failed for one source and arch; the message carries its output."""
+
+
+def find_nvcc() -> str:
+    """Path of nvcc: $GN_NVCC, then PATH, then $CUDA_HOME/bin, then /usr/local/cuda/bin."""
+    explicit = os.environ.get("GN_NVCC")
+    if explicit:
+        if Path(explicit).is_file():
+            return explicit
+        raise NvccNotFound(f"GN_NVCC={explicit} does not exist")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and (Path(root) / "bin" / "nvcc").is_file():
+            return str(Path(root) / "bin" / "nvcc")
+    raise NvccNotFound(
+        "nvcc not found (looked at $GN_NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): install the "
+        "CUDA toolkit (e.g. 'apt install cuda-nvcc-13-0' or 'pip install nvidia-cuda-nvcc') to compile "
+        "the kernels"
+    )
+
+
+def nvcc_version(nvcc: str | None = None) -> str:
+    """The 'release X.Y, VX.Y.Z' part of `nvcc --version`."""
+    out = subprocess.run([nvcc or find_nvcc(), "--version"], capture_output=True, text=True, check=False)
+    m = re.search(r"release [\d.]+, V[\d.]+", out.stdout)
+    return m.group(0) if m else out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "unknown"
+
+
+def supported_archs(nvcc: str | None = None) -> list[str]:
+    """Real archs (sm_XX) this nvcc can compile for."""
+    cmd = [nvcc or find_nvcc(), "--list-gpu-code"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return [a for a in out.stdout.split() if a.startswith("sm_")]
+
+
+def csrc_dir() -> Path:
+    """Where the CUDA sources are: $GN_CSRC_DIR, gn_module.build.csrc_dir(), the repo or the wheel."""
+    env = os.environ.get("GN_CSRC_DIR")
+    if env:
+        return Path(env)
+    try:
+        from gn_module.build import csrc_dir as build_csrc_dir  # the build's own answer wins
+    except ImportError:
+        build_csrc_dir = None
+    if build_csrc_dir is not None:
+        return Path(build_csrc_dir())
+    here = Path(__file__).resolve().parent
+    repo = here.parents[1] / "csrc"  # src/gn_module -> repository root
+    return repo if repo.is_dir() else here / "csrc"
+
+
+def sources(root: Path | None = None) -> list[Path]:
+    root = root or csrc_dir()
+    return sorted(root.glob("*.cu"))
+
+
+def sources_hash(root: Path | None = None) -> str:
+    """Hash of every source and header under `root` (headers change kernels too)."""
+    root = root or csrc_dir()
+    h = hashlib.sha256()
+    for p in sorted(p for p in root.iterdir() if p.suffix in (".cu", ".cuh", ".h", ".hpp")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    """One kernel as ptxas compiled it for one arch."""
+
+    mangled: str
+    name: str  # readable config name, e.g. fwd_onepass[fp16,vec8]; the raw name when unknown
+    arch: str
+    source: str
+    registers: int = 0
+    static_smem: int = 0
+    local_bytes: int = 0
+    stack_bytes: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    barriers: int = 0
+
+    @property
+    def spills(self) -> bool:
+        """Any register spill or local memory (both cost memory traffic the design avoids)."""
+        return bool(self.spill_stores or self.spill_loads or self.local_bytes)
+
+    @property
+    def resources(self) -> KernelResources:
+        return KernelResources(registers=self.registers, static_smem=self.static_smem)
+
+    def describe(self) -> str:
+        text = f"{self.name}: {self.registers} regs, {self.static_smem} B smem"
+        if self.spills or self.stack_bytes:
+            text += (
+                f", {self.local_bytes} B lmem, {self.stack_bytes} B stack, "
+                f"{self.spill_stores}/{self.spill_loads} B spill st/ld"
+            )
+        return text
+
+
+def _source_name(mangled: str, pos: int) -> tuple[str, int]:
+    m = re.match(r"(\d+)", mangled[pos:])
+    if not m:
+        raise ValueError
+    n = int(m.group(1))
+    start = pos + len(m.group(1))
+    return mangled[start : start + n], start + n
+
+
+def readable_name(mangled: str) -> str:
+    """``_ZN2gn11fwd_onepassI6__halfLi8EEEv6GnArgs`` -> ``fwd_onepass[fp16,vec8]``.
+
+    Only the shapes the kernels use are understood (namespace gn, template arguments that are
+    x dtypes or int literals); every other name is returned unchanged.
+    """
+    if not mangled.startswith("_ZN2gn"):
+        return mangled
+    try:
+        base, pos = _source_name(mangled, len("_ZN2gn"))
+        if mangled.startswith("E", pos):
+            return base
+        if not mangled.startswith("I", pos):
+            return mangled
+        pos += 1
+        args: list[str] = []
+        ints = 0
+        while not mangled.startswith("E", pos):
+            lit = re.match(r"L[ij](n?\d+)E", mangled[pos:])
+            if lit:
+                value = lit.group(1).replace("n", "-")
+                args.append(f"vec{value}" if ints == 0 else value)
+                ints += 1
+                pos += len(lit.group(0))
+                continue
+            lit = re.match(r"Lb([01])E", mangled[pos:])
+            if lit:
+                args.append("true" if lit.group(1) == "1" else "false")
+                pos += len(lit.group(0))
+                continue
+            for code, label in _TYPE_CODES.items():
+                if mangled.startswith(code, pos):
+                    args.append(label)
+                    pos += len(code)
+                    break
+            else:
+                return mangled
+        return f"{base}[{','.join(args)}]"
+    except (ValueError, IndexError):
+        return mangled
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(text: str, arch: str = "", source: str = "") -> list[KernelReport]:
+    """Parse ``ptxas -v`` output into one report per entry (kernel) function."""
+    reports: dict[str, dict] = {}
+    entry: str | None = None
+    props_for: str | None = None
+    for line in text.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            entry = m.group(1)
+            reports[entry] = {"mangled": entry, "arch": m.group(2) or arch, "source": source}
+            continue
+        m = _PROPS.search(line)
+        if m:
+            props_for = m.group(1)
+            continue
+        m = _FRAME.search(line)
+        if m and props_for in reports:
+            reports[props_for].update(
+                stack_bytes=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
+            )
+            continue
+        m = _USED.search(line)
+        if m and entry in reports:
+            r = reports[entry]
+            r["registers"] = int(m.group(1))
+            for key, pattern in (
+                ("static_smem", r"(\d+) bytes smem"),
+                ("local_bytes", r"(\d+) bytes lmem"),
+                ("barriers", r"used (\d+) barriers"),
+            ):
+                mm = re.search(pattern, line)
+                if mm:
+                    r[key] = int(mm.group(1))
+    return [KernelReport(name=readable_name(r["mangled"]), **r) for r in reports.values()]
+
+
+@dataclass
+class ArchReport:
+    """Every kernel of every source compiled for one arch."""
+
+    arch: str
+    nvcc: str
+    sources_hash: str
+    kernels: list[KernelReport] = field(default_factory=list)
+    cached: bool = False
+
+    def by_name(self) -> dict[str, KernelReport]:
+        return {k.name: k for k in self.kernels}
+
+    def resources(self, config: str) -> KernelResources:
+        """KernelResources of a config like ``fwd_onepass[fp16,vec8]`` (KeyError naming the known ones)."""
+        table = self.by_name()
+        if config not in table:
+            raise KeyError(f"no kernel {config!r} for {self.arch}; compiled: {', '.join(sorted(table))}")
+        return table[config].resources
+
+    @property
+    def spilling(self) -> list[KernelReport]:
+        return [k for k in self.kernels if k.spills]
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("GN_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "pytest-gn" / "resources"
+
+
+def compile_source(nvcc: str, src: Path, arch: str, extra_flags: Sequence[str] = ()) -> list[KernelReport]:
+    """Compile one source to a cubin for `arch` and return its kernels (CompileError on failure)."""
+    with tempfile.TemporaryDirectory(prefix="gn-res-") as tmp:
+        cmd = [
+            nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, *extra_flags,
+            "-I", str(src.parent), "-o", str(Path(tmp) / "out.cubin"), str(src),
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise CompileError(
+            f"nvcc failed for {src.name} on {arch} (exit {proc.returncode}):\n"
+            f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+        )
+    return parse_ptxas(proc.stdout + proc.stderr, arch=arch, source=src.name)
+
+
+def compile_arch(
+    arch: str,
+    root: Path | None = None,
+    *,
+    nvcc: str | None = None,
+    extra_flags: Sequence[str] = (),
+    use_cache: bool = True,
+    workers: int | None = None,
+) -> ArchReport:
+    """Compile every ``*.cu`` under `root` for `arch` (``sm_80`` or ``80``); cached on disk."""
+    arch = arch if arch.startswith("sm_") else f"sm_{arch}"
+    nvcc = nvcc or find_nvcc()
+    root = Path(root) if root is not None else csrc_dir()
+    srcs = sources(root)
+    if not srcs:
+        raise FileNotFoundError(f"no *.cu sources under {root}")
+    version = nvcc_version(nvcc)
+    digest = sources_hash(root)
+    key = hashlib.sha256(json.dumps([arch, digest, version, list(NVCC_FLAGS), list(extra_flags)]).encode())
+    cache = _cache_dir() / f"{arch}-{key.hexdigest()[:20]}.json"
+    if use_cache and cache.is_file():
+        try:
+            data = json.loads(cache.read_text())
+            kernels = [KernelReport(**k) for k in data["kernels"]]
+            return ArchReport(arch, version, digest, kernels, cached=True)
+        except (ValueError, KeyError, TypeError):
+            pass  # a corrupt or stale-format entry is simply recompiled
+    with ThreadPoolExecutor(max_workers=workers or min(len(srcs), os.cpu_count() or 1)) as pool:
+        results = list(pool.map(lambda s: compile_source(nvcc, s, arch, extra_flags), srcs))
+    report = ArchReport(arch, version, digest, [k for ks in results for k in ks])
+    if use_cache:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"kernels": [asdict(k) for k in report.kernels]}))
+            tmp.replace(cache)  # atomic: concurrent xdist workers never read half a file
+        except OSError:
+            pass
+    return report
+
+
+def compile_archs(
+    archs: Iterable[str], root: Path | None = None, *, workers: int | None = None, **kwargs
+) -> dict[str, ArchReport | Exception]:
+    """compile_arch for several archs in parallel; a failed arch maps to its exception."""
+    archs = list(dict.fromkeys(archs))
+    nvcc = kwargs.pop("nvcc", None) or find_nvcc()
+
+    def one(arch: str) -> ArchReport | Exception:
+        try:
+            return compile_arch(arch, root, nvcc=nvcc, workers=1, **kwargs)
+        except (CompileError, OSError) as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        return dict(zip(archs, pool.map(one, archs), strict=True))

@@ -1,0 +1,42 @@
+"""Compile every CUDA source for each arch of the profile table; fail on compile errors or spills.
+
+Runs wherever nvcc is installed (no GPU needed) and skips with the reason otherwise. The
+archs compile in parallel once per module; each arch is its own test so a failure names it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gn_module import profiles, resources
+
+ARCHS = sorted({p.arch for p in profiles.BUILTIN_PROFILES}, key=lambda a: int(a[3:]))
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    try:
+        nvcc = resources.find_nvcc()
+    except resources.NvccNotFound as exc:
+        pytest.skip(str(exc))
+    if not resources.sources():
+        pytest.skip(f"no CUDA sources under {resources.csrc_dir()}")
+    return resources.compile_archs(ARCHS, nvcc=nvcc)
+
+
+def test_profile_table_covers_required_archs() -> None:
+    required = {"sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_110", "sm_120", "sm_121"}
+    assert required <= set(ARCHS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiles_without_spills(arch: str, compiled: dict) -> None:
+    report = compiled[arch]
+    if isinstance(report, Exception):
+        pytest.fail(f"{arch}: {report}", pytrace=False)
+    assert report.kernels, f"{arch}: ptxas reported no kernels"
+    print(f"\n{arch} ({report.nvcc}, sources {report.sources_hash}):")
+    for k in sorted(report.kernels, key=lambda k: k.name):
+        print(f"  {k.source:16s} {k.describe()}")
+    spilling = [k.describe() for k in report.spilling]
+    assert not spilling, f"{arch}: register spills or local memory in: {spilling}"
