@@ -155,36 +155,37 @@ def _plan_dict(plan: Any) -> dict[str, Any]:
 def plan_info(impl: str, case: Case, dtype: str, direction: str, device: Any) -> dict[str, Any] | None:
     """The launch plan our launcher uses for this call, or None when the launcher does not expose it.
 
-    Defensive on purpose: `gn_module.ops` is written in parallel with this module.
+    Defensive on purpose: `gn_module.ops` is written in parallel with this module. Tries
+    ``ops.plan(shape, groups, dtype, direction, passes, device=...)`` (passes may be "auto"); when the
+    planner rejects "auto", asks a schedule chooser named in AUTO_SCHEDULE_NAMES, then plans that.
     """
     try:
         from gn_module import ops
     except Exception:  # no extension, no toolkit: the timing itself reports the real error
         return None
-    td = torch_dtype(dtype)
-    passes = PASSES[impl]
-    schedule: Any = passes
-    if passes == "auto":
-        chooser = next((getattr(ops, n) for n in AUTO_SCHEDULE_NAMES if hasattr(ops, n)), None)
-        if chooser is None:
-            return None
-        try:
-            schedule = chooser(case.shape, case.groups, td, direction, device=device)
-        except TypeError:
-            try:
-                schedule = chooser(case.shape, case.groups, td, direction)
-            except Exception:
-                return None
-        except Exception:
-            return None
-        if hasattr(schedule, "grid"):  # the chooser returned the plan itself
-            return _plan_dict(schedule)
-        if hasattr(schedule, "schedule"):
-            schedule = schedule.schedule
     planner = getattr(ops, "plan", None)
     if planner is None:
-        return {"schedule": schedule}
-    try:
+        return None
+    td = torch_dtype(dtype)
+
+    def make(schedule: Any) -> dict[str, Any]:
         return _plan_dict(planner(case.shape, case.groups, td, direction, schedule, device=device))
+
+    passes = PASSES[impl]
+    try:
+        return make(passes)
     except Exception as exc:
-        return {"schedule": schedule, "plan_error": f"{type(exc).__name__}: {exc}"}
+        if passes != "auto":
+            return {"schedule": passes, "plan_error": f"{type(exc).__name__}: {exc}"}
+    for name in AUTO_SCHEDULE_NAMES:
+        chooser = getattr(ops, name, None)
+        if chooser is None:
+            continue
+        try:
+            chosen = chooser(case.shape, case.groups, td, direction, device=device)
+            if hasattr(chosen, "grid"):  # the chooser returned the plan itself
+                return _plan_dict(chosen)
+            return make(getattr(chosen, "schedule", chosen))
+        except Exception:
+            continue
+    return None
