@@ -59,6 +59,8 @@ class SiLUSlot(nn.Identity):
     def __init__(self, silu: nn.Module | None = None) -> None:
         super().__init__()
         object.__setattr__(self, _ORIGINAL, silu)
+        if silu is not None:
+            self.train(silu.training)
 
 
 @dataclass
