@@ -1,0 +1,64 @@
+"""GroupNorm benchmarks: ours (auto, 1-pass, 2-pass) vs eager vs torch.compile (channels_last and NCHW).
+
+Each benchmark's pytest-benchmark statistics are CUDA-event times in seconds (gn_module.bench_timer);
+what is timed for each implementation is documented in gn_module.bench_impls, the timing protocol
+(L2 flush, GPU-side spin, events) in gn_module.timing. Benchmarks of one (shape, dtype, direction)
+share a pytest-benchmark group, so its table shows the implementations side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gn_module.bench_cases import CASES, DIRECTIONS, DTYPES, IMPLS, Case, bytes_moved, size_class
+from gn_module.bench_impls import prepare
+from gn_module.bench_timer import run_pedantic
+from gn_module.timing import reps_for_budget, sol_fraction, summarize, throughput_tbps
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_groupnorm(
+    benchmark: Any,
+    case: Case,
+    dtype: str,
+    direction: str,
+    impl: str,
+    event_timer: Any,
+    copy_bandwidth: Any,
+    bench_settings: dict[str, float],
+) -> None:
+    benchmark.group = f"{case.name} {dtype} {direction}"
+    prepared = prepare(impl, case, dtype, direction, event_timer.device)
+    est_us = event_timer.warm_up(prepared.fn, int(bench_settings["warmup"]))
+    rounds = reps_for_budget(
+        est_us,
+        int(bench_settings["reps"]),
+        int(bench_settings["min_reps"]),
+        bench_settings["max_seconds"],
+        overhead_us=event_timer.delay_us,
+    )
+    samples = run_pedantic(benchmark, lambda: event_timer.measure_once(prepared.fn), rounds)
+
+    timing = summarize(samples)
+    nbytes = bytes_moved(case, dtype, direction)
+    benchmark.extra_info.update(
+        impl=impl,
+        case=case.name,
+        dtype=dtype,
+        direction=direction,
+        tensor_bytes=case.nbytes(dtype),
+        size_class=size_class(case.nbytes(dtype)),
+        bytes=nbytes,
+        median_us=timing.median_us,
+        iqr_us=timing.iqr_us,
+        tbps=throughput_tbps(nbytes, timing.median_us),
+        copy_tbps=copy_bandwidth.tbps,
+        sol_fraction=sol_fraction(nbytes, timing.median_us, copy_bandwidth.tbps),
+        schedule=(prepared.plan or {}).get("schedule"),
+        plan=prepared.plan,
+    )
