@@ -1,0 +1,59 @@
+// C ABI of the GroupNorm kernels. Plain C types only: Python fills this struct through ctypes
+// (gn_module/_abi.py mirrors it field by field), so no torch or pybind header is needed anywhere.
+// Every number that shapes a launch comes from gn_module/schedule.py; the launcher derives none.
+#pragma once
+#include <stdint.h>
+
+#define GN_MAX_LEVELS 8
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct GnArgs {
+  const void* x;       // (N, S, C) contiguous
+  const void* dy;      // backward only, same layout as x
+  void* out;           // y (forward) or dx (backward), same layout as x
+  const void* weight;  // (C,) or NULL (affine=False)
+  const void* bias;    // (C,) or NULL
+  float* mean;         // (N, G): written by forward, read by backward
+  float* rstd;         // (N, G)
+  float* workspace;    // float scratch laid out by schedule.workspace_layout
+  float* dweight;      // (C,) float32, backward only (may be NULL when weight is NULL)
+  float* dbias;        // (C,) float32, backward only
+  int32_t* record;     // optional launch record: grid, tiles in phase 1, tiles applied, blocks
+  int64_t n, s, c, g;  // batch, rows per slice, channels, groups
+  int64_t rows_per_tile;
+  int64_t tiles_per_slice;
+  int64_t off_partials, off_level, off_channel_sums, off_group_sums;  // float offsets in workspace
+  int64_t level_tiles[GN_MAX_LEVELS];
+  int32_t nlevels;
+  int32_t fanin;    // partials summed per level item
+  int32_t dtype;    // 0 float32, 1 float16, 2 bfloat16
+  int32_t w_dtype;  // dtype code of weight and bias
+  int32_t vec;      // channels per thread access
+  int32_t cols_threads, col_chunks, rows_threads;
+  int32_t act;      // 0 none, 1 silu
+  float eps;
+  int32_t schedule;  // 1 one-pass (cooperative), 2 two-pass
+  int32_t grid;      // one-pass grid
+  int32_t smem;      // dynamic shared memory bytes of the kernel that runs the tiles
+  int32_t device;    // CUDA device ordinal the tensors live on
+} GnArgs;
+
+// Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.
+int gn_forward(const GnArgs* args, void* stream);
+int gn_backward(const GnArgs* args, void* stream);
+// Co-resident blocks per SM of the one-pass kernel for (direction 0 fwd / 1 bwd, dtype, vec, smem).
+int gn_onepass_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm);
+// Registers, static shared memory and local memory of one kernel (kind: see gn_kernels.cuh).
+int gn_kernel_attributes(int device, int kind, int dtype, int vec, int* regs, int* static_smem,
+                         int* local_bytes);
+// The __CUDA_ARCH__ value this build runs with on the current device.
+int gn_runtime_arch(int device, int* arch);
+const char* gn_error_string(int code);
+int gn_abi_size(void);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,115 @@
+// Backward GroupNorm kernels (one-pass cooperative and two-pass) and their launcher.
+#include "gn_dispatch.cuh"
+#include "gn_launch.h"
+
+namespace gn {
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) bwd_tiles(GnArgs a) {
+  bwd_tile<T, V>(a, blockIdx.x, nullptr, nullptr, scratch_region(0, 0));
+  record(a, 1, 1);
+  if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+}
+
+__global__ void __launch_bounds__(kThreads, kMinBlocks) bwd_combine(GnArgs a) {
+  bwd_combine_items(a, (int64_t)blockIdx.x * kWarps + threadIdx.x / 32, (int64_t)gridDim.x * kWarps);
+}
+
+// Tiles in reverse order (L2 still holds the last ones read); the first warps also finish dgamma/dbeta.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) bwd_apply(GnArgs a) {
+  const int64_t tiles = a.n * a.tiles_per_slice;
+  bwd_param_items(a, (int64_t)blockIdx.x * kWarps + threadIdx.x / 32, (int64_t)gridDim.x * kWarps);
+  bwd_apply_tile<T, V>(a, tiles - 1 - blockIdx.x, nullptr, nullptr);
+  record(a, 2, 1);
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) bwd_onepass(GnArgs a) {
+  cg::grid_group grid = cg::this_grid();
+  const int64_t tiles = a.n * a.tiles_per_slice;
+  const int64_t tile_bytes = a.rows_per_tile * a.c * static_cast<int64_t>(sizeof(T));
+  T* keep_x = keep_region<T>(0, a);
+  T* keep_dy = keep_region<T>(1, a);
+  float* scratch = scratch_region(2, tile_bytes);
+  int64_t last = -1;
+  int visited = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const bool is_last = t + gridDim.x >= tiles;
+    bwd_tile<T, V>(a, t, is_last ? keep_x : nullptr, is_last ? keep_dy : nullptr, scratch);
+    if (is_last) last = t;
+    ++visited;
+  }
+  record(a, 1, visited);
+  if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+  grid.sync();
+  const int64_t gthread = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  for (int level = 0; level < a.nlevels; ++level) {
+    level_items(a, level, gthread, (int64_t)gridDim.x * kThreads);
+    grid.sync();
+  }
+  const int64_t gwarp = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
+  bwd_combine_items(a, gwarp, (int64_t)gridDim.x * kWarps);
+  grid.sync();
+  bwd_param_items(a, gwarp, (int64_t)gridDim.x * kWarps);
+  int applied = 0;
+  for (int64_t t = last; t >= 0; t -= gridDim.x) {
+    const bool kept = t == last;
+    bwd_apply_tile<T, V>(a, t, kept ? keep_x : nullptr, kept ? keep_dy : nullptr);
+    ++applied;
+  }
+  record(a, 2, applied);
+}
+
+template <typename Cfg>
+int launch_backward(const GnArgs& a, cudaStream_t stream) {
+  using T = typename Cfg::type;
+  constexpr int V = Cfg::vec;
+  const int64_t tiles = a.n * a.tiles_per_slice;
+  cudaError_t err;
+  if (a.schedule == 1) {
+    const void* kernel = reinterpret_cast<const void*>(bwd_onepass<T, V>);
+    if ((err = allow_smem(kernel, a.smem)) != cudaSuccess) return err;
+    GnArgs copy = a;
+    void* params[] = {&copy};
+    err = cudaLaunchCooperativeKernel(kernel, dim3(a.grid), dim3(kThreads), params, a.smem, stream);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  }
+  bwd_tiles<T, V><<<static_cast<unsigned>(tiles), kThreads, a.smem, stream>>>(a);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  if ((err = static_cast<cudaError_t>(launch_levels(a, stream))) != cudaSuccess) return err;
+  bwd_combine<<<blocks_for(a.n * a.g, kWarps), kThreads, 0, stream>>>(a);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  bwd_apply<T, V><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+int backward_occupancy(int dtype, int vec, int smem, int* blocks) {
+  return visit_config(dtype, vec, [&](auto cfg) {
+    using C = decltype(cfg);
+    return static_cast<int>(
+        occupancy_of(reinterpret_cast<const void*>(bwd_onepass<typename C::type, C::vec>), smem, blocks));
+  });
+}
+
+int backward_attributes(int kind, int dtype, int vec, int* regs, int* smem, int* local) {
+  if (kind == kBwdCombine) return attributes_of(reinterpret_cast<const void*>(bwd_combine), regs, smem, local);
+  return visit_config(dtype, vec, [&](auto cfg) {
+    using C = decltype(cfg);
+    using T = typename C::type;
+    const void* k = kind == kBwdTiles   ? reinterpret_cast<const void*>(bwd_tiles<T, C::vec>)
+                    : kind == kBwdApply ? reinterpret_cast<const void*>(bwd_apply<T, C::vec>)
+                                        : reinterpret_cast<const void*>(bwd_onepass<T, C::vec>);
+    return attributes_of(k, regs, smem, local);
+  });
+}
+
+}  // namespace gn
+
+extern "C" int gn_backward(const GnArgs* args, void* stream) {
+  const cudaError_t err = cudaSetDevice(args->device);
+  if (err != cudaSuccess) return err;
+  return gn::visit_config(args->dtype, args->vec, [&](auto cfg) {
+    return gn::launch_backward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
+  });
+}

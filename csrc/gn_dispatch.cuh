@@ -1,0 +1,60 @@
+// Maps the run-time (dtype, vec) of a launch to the kernel template arguments. Two vector widths
+// per dtype: a 16-byte access when the channel count allows it, and scalar access otherwise.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "gn_kernels.cuh"
+
+namespace gn {
+
+template <typename T, int V>
+struct Config {
+  using type = T;
+  static constexpr int vec = V;
+};
+
+// Calls f(Config<T, V>{}) for the configuration; an unknown one is an invalid-value error.
+template <typename F>
+int visit_config(int dtype, int vec, F&& f) {
+  switch (dtype) {
+    case 0:
+      return vec == 1 ? f(Config<float, 1>{}) : vec == 4 ? f(Config<float, 4>{}) : cudaErrorInvalidValue;
+    case 1:
+      return vec == 1 ? f(Config<__half, 1>{}) : vec == 8 ? f(Config<__half, 8>{}) : cudaErrorInvalidValue;
+    case 2:
+      return vec == 1   ? f(Config<__nv_bfloat16, 1>{})
+             : vec == 8 ? f(Config<__nv_bfloat16, 8>{})
+                        : cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+inline int attributes_of(const void* kernel, int* regs, int* static_smem, int* local_bytes) {
+  cudaFuncAttributes attr;
+  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  *regs = attr.numRegs;
+  *static_smem = static_cast<int>(attr.sharedSizeBytes);
+  *local_bytes = static_cast<int>(attr.localSizeBytes);
+  return cudaSuccess;
+}
+
+// Dynamic shared memory above 48 KB needs an explicit opt-in per kernel.
+inline cudaError_t allow_smem(const void* kernel, int smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+}
+
+inline cudaError_t occupancy_of(const void* kernel, int smem, int* blocks) {
+  cudaError_t err = allow_smem(kernel, smem);
+  if (err != cudaSuccess) return err;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
+}
+
+inline unsigned blocks_for(int64_t items, int per_block) {
+  const int64_t b = (items + per_block - 1) / per_block;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > (1 << 20) ? (1 << 20) : b));
+}
+
+}  // namespace gn

@@ -1,0 +1,463 @@
+// GroupNorm phases shared by the one-pass (cooperative) and two-pass kernels.
+//
+// Every phase is a device function over "items" (tiles, level sums, groups, channels). The
+// one-pass kernel runs the phases back to back with grid barriers and grid-stride loops; the
+// two-pass schedule launches one kernel per phase. Both call the same functions on the same
+// items, so each item's result does not depend on which block ran it, how many blocks there
+// were, or which schedule ran: outputs are bitwise identical across schedules and residency
+// caps. No floating-point atomics anywhere; every sum has a fixed order.
+#pragma once
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "gn_api.h"
+
+namespace gn {
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+// Without a floor on blocks per SM ptxas trades registers for spills; 1 lets it keep everything in registers.
+constexpr int kMinBlocks = 1;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFull = 0xffffffffu;
+
+// ---------------------------------------------------------------- element access
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+
+// Outputs are written once and not read again by this op: stream them past L2 so the input
+// the apply phase re-reads stays cached.
+template <typename T, int V>
+__device__ __forceinline__ void store_pack_streaming(T* p, const Pack<T, V>& v) {
+  if constexpr (sizeof(Pack<T, V>) == 16) {
+    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  } else {
+    *reinterpret_cast<Pack<T, V>*>(p) = v;
+  }
+}
+
+__device__ __forceinline__ float load_param(const void* p, int dtype, int64_t c, float fallback) {
+  if (p == nullptr) return fallback;
+  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[c]);
+  if (dtype == 2) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[c]);
+  return static_cast<const float*>(p)[c];
+}
+
+__device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + __expf(-z)); }
+
+// ---------------------------------------------------------------- tile geometry
+struct Tile {
+  int64_t n, t, row0, rows;
+  __device__ Tile(const GnArgs& a, int64_t tile) {
+    n = tile / a.tiles_per_slice;
+    t = tile - n * a.tiles_per_slice;
+    row0 = t * a.rows_per_tile;
+    rows = min(a.rows_per_tile, a.s - row0);
+  }
+  __device__ int64_t offset(const GnArgs& a) const { return (n * a.s + row0) * a.c; }
+};
+
+// Which channels and rows one thread covers in a tile (same map in every phase, so the thread
+// that parks a value in shared memory is the one that reads it back).
+struct Lane {
+  int col, row;
+  bool active;
+  __device__ explicit Lane(const GnArgs& a)
+      : col(threadIdx.x % a.cols_threads), row(threadIdx.x / a.cols_threads),
+        active(threadIdx.x / a.cols_threads < a.rows_threads) {}
+};
+
+__device__ __forceinline__ float2* partials(const GnArgs& a) {
+  return reinterpret_cast<float2*>(a.workspace + a.off_partials);
+}
+__device__ __forceinline__ float2* level_buffer(const GnArgs& a) {
+  return reinterpret_cast<float2*>(a.workspace + a.off_level);
+}
+__device__ __forceinline__ float2* channel_sums(const GnArgs& a) {
+  return reinterpret_cast<float2*>(a.workspace + a.off_channel_sums);
+}
+__device__ __forceinline__ float2* group_sums(const GnArgs& a) {
+  return reinterpret_cast<float2*>(a.workspace + a.off_group_sums);
+}
+// Partials left for the combine phase: levels ping-pong between the two buffers.
+__device__ __forceinline__ const float2* final_partials(const GnArgs& a) {
+  return (a.nlevels % 2) ? level_buffer(a) : partials(a);
+}
+// Partials per (n, c) after `level` levels. Selecting with constant indices keeps the parameter
+// array out of local memory.
+__device__ __forceinline__ int64_t tiles_after(const GnArgs& a, int level) {
+  int64_t t = a.tiles_per_slice;
+#pragma unroll
+  for (int i = 0; i < GN_MAX_LEVELS; ++i) t = (i < level) ? a.level_tiles[i] : t;
+  return t;
+}
+__device__ __forceinline__ int64_t final_tiles(const GnArgs& a) { return tiles_after(a, a.nlevels); }
+
+// ---------------------------------------------------------------- in-tile channel reduction
+// Sums each thread's V per-channel values over the rows of the tile, in a fixed order: first
+// across the lanes of a warp that share a column (xor butterfly, symmetric so every lane holds
+// the same bits), then sequentially over warps (or row threads) through shared memory.
+template <int V>
+__device__ void reduce_columns(const GnArgs& a, const Lane& lane, float* scratch, const float (&s1)[V],
+                               const float (&s2)[V], float2* out, int64_t chunk_c0) {
+  const int ct = a.cols_threads;
+  const int width = ct * V;
+  const bool fold_warp = (32 % ct) == 0;
+  const int warp = threadIdx.x / 32, lane_id = threadIdx.x % 32;
+  const int srows = fold_warp ? kWarps : a.rows_threads;
+  const int srow = fold_warp ? warp : lane.row;
+  const bool writer = fold_warp ? lane_id < ct : lane.active;
+  float r1[V];
+#pragma unroll
+  for (int round = 0; round < 2; ++round) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      float x = round == 0 ? s1[v] : s2[v];
+      if (fold_warp) {
+        for (int o = 16; o >= ct; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+      }
+      if (writer) scratch[srow * width + lane.col * V + v] = x;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      if (i < width) {
+        float acc = 0.f;
+        for (int r = 0; r < srows; ++r) acc += scratch[r * width + i];
+        if (round == 0) {
+          r1[k] = acc;
+        } else if (chunk_c0 + i < a.c) {
+          out[chunk_c0 + i] = make_float2(r1[k], acc);
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------- forward phases
+// Per-tile, per-channel sums of (x - K) and (x - K)^2 with K = x[n, row 0, first channel of the
+// group]: a shift shared by every tile of the slice keeps the variance exact for large means.
+template <typename T, int V>
+__device__ void fwd_tile(const GnArgs& a, int64_t tile_id, T* keep, float* scratch) {
+  const Tile tile(a, tile_id);
+  const Lane lane(a);
+  const int64_t d = a.c / a.g;
+  const T* x = static_cast<const T*>(a.x) + tile.offset(a);
+  const T* row0 = static_cast<const T*>(a.x) + tile.n * a.s * a.c;
+  float2* out = partials(a) + (tile.n * a.tiles_per_slice + tile.t) * a.c;
+  for (int chunk = 0; chunk < a.col_chunks; ++chunk) {
+    const int64_t j = static_cast<int64_t>(chunk) * a.cols_threads + lane.col;
+    const bool valid = lane.active && j * V < a.c;
+    float shift[V], s1[V], s2[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      s1[v] = 0.f;
+      s2[v] = 0.f;
+      shift[v] = valid ? to_float(row0[((j * V + v) / d) * d]) : 0.f;
+    }
+    if (valid) {
+#pragma unroll 4
+      for (int64_t r = lane.row; r < tile.rows; r += a.rows_threads) {
+        const Pack<T, V> p = load_pack<T, V>(x + r * a.c + j * V);
+        if (keep != nullptr) *reinterpret_cast<Pack<T, V>*>(keep + r * a.c + j * V) = p;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const float e = to_float(p.v[v]) - shift[v];
+          s1[v] += e;
+          s2[v] = fmaf(e, e, s2[v]);
+        }
+      }
+    }
+    reduce_columns<V>(a, lane, scratch, s1, s2, out, static_cast<int64_t>(chunk) * a.cols_threads * V);
+  }
+}
+
+// One level: out[n, t', c] = sum of in[n, t'*F .. t'*F+F-1, c], sequential over t.
+__device__ inline void level_items(const GnArgs& a, int level, int64_t first, int64_t stride) {
+  const float2* in = (level % 2) ? level_buffer(a) : partials(a);
+  float2* out = (level % 2) ? partials(a) : level_buffer(a);
+  const int64_t t_in = tiles_after(a, level);
+  const int64_t t_out = tiles_after(a, level + 1);
+  const int64_t items = a.n * t_out * a.c;
+  for (int64_t i = first; i < items; i += stride) {
+    const int64_t c = i % a.c;
+    const int64_t rest = i / a.c;
+    const int64_t to = rest % t_out, n = rest / t_out;
+    const int64_t t_end = min(t_in, (to + 1) * a.fanin);
+    float2 acc = make_float2(0.f, 0.f);
+    for (int64_t t = to * a.fanin; t < t_end; ++t) {
+      const float2 p = in[(n * t_in + t) * a.c + c];
+      acc.x += p.x;
+      acc.y += p.y;
+    }
+    out[(n * t_out + to) * a.c + c] = acc;
+  }
+}
+
+// Sums of one (n, c) over the partials left after the levels, sequential over t.
+__device__ __forceinline__ float2 channel_total(const GnArgs& a, int64_t n, int64_t c) {
+  const float2* in = final_partials(a);
+  const int64_t tiles = final_tiles(a);
+  float2 acc = make_float2(0.f, 0.f);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const float2 p = in[(n * tiles + t) * a.c + c];
+    acc.x += p.x;
+    acc.y += p.y;
+  }
+  return acc;
+}
+
+__device__ __forceinline__ float2 warp_sum(float2 v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v.x += __shfl_down_sync(kFull, v.x, o);
+    v.y += __shfl_down_sync(kFull, v.y, o);
+  }
+  return v;  // lane 0 holds the fixed-order total
+}
+
+// One warp per (n, g): mean and rstd of the group.
+template <typename T>
+__device__ void fwd_combine_items(const GnArgs& a, int64_t first_warp, int64_t warp_stride) {
+  const int lane = threadIdx.x % 32;
+  const int64_t d = a.c / a.g;
+  for (int64_t item = first_warp; item < a.n * a.g; item += warp_stride) {
+    const int64_t n = item / a.g, g = item - n * a.g;
+    float2 acc = make_float2(0.f, 0.f);
+    for (int64_t c = g * d + lane; c < (g + 1) * d; c += 32) {
+      const float2 s = channel_total(a, n, c);
+      acc.x += s.x;
+      acc.y += s.y;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      const float count = static_cast<float>(a.s) * static_cast<float>(d);
+      const float shift = to_float(static_cast<const T*>(a.x)[n * a.s * a.c + g * d]);
+      const float m = acc.x / count;
+      const float var = fmaxf(acc.y / count - m * m, 0.f);
+      a.mean[item] = shift + m;
+      a.rstd[item] = rsqrtf(var + a.eps);
+    }
+  }
+}
+
+template <typename T, int V>
+__device__ void fwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep) {
+  const Tile tile(a, tile_id);
+  const Lane lane(a);
+  if (!lane.active) return;
+  const int64_t d = a.c / a.g;
+  const T* x = static_cast<const T*>(a.x) + tile.offset(a);
+  T* y = static_cast<T*>(a.out) + tile.offset(a);
+  for (int chunk = 0; chunk < a.col_chunks; ++chunk) {
+    const int64_t j = static_cast<int64_t>(chunk) * a.cols_threads + lane.col;
+    if (j * V >= a.c) continue;
+    float mean[V], scale[V], beta[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int64_t c = j * V + v;
+      const int64_t ng = tile.n * a.g + c / d;
+      mean[v] = a.mean[ng];
+      scale[v] = a.rstd[ng] * load_param(a.weight, a.w_dtype, c, 1.f);
+      beta[v] = load_param(a.bias, a.w_dtype, c, 0.f);
+    }
+#pragma unroll 4
+    for (int64_t r = lane.row; r < tile.rows; r += a.rows_threads) {
+      const int64_t off = r * a.c + j * V;
+      const Pack<T, V> p = keep != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep + off)
+                                           : load_pack<T, V>(x + off);
+      Pack<T, V> q;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        float z = fmaf(to_float(p.v[v]) - mean[v], scale[v], beta[v]);
+        if (a.act == 1) z *= sigmoid(z);
+        q.v[v] = from_float<T>(z);
+      }
+      store_pack_streaming<T, V>(y + off, q);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- backward phases
+// Per channel, what the loss gradient dz of the normalized output z = xhat*gamma + beta is
+// (through SiLU when fused), and the two sums every reduction needs: dz*xhat and dz.
+struct ChannelCoef {
+  float mean, rstd, gamma, beta;
+};
+
+template <int V>
+__device__ __forceinline__ void load_coefs(const GnArgs& a, int64_t n, int64_t c0, ChannelCoef (&k)[V]) {
+  const int64_t d = a.c / a.g;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int64_t c = c0 + v;
+    const int64_t ng = n * a.g + c / d;
+    k[v].mean = a.mean[ng];
+    k[v].rstd = a.rstd[ng];
+    k[v].gamma = load_param(a.weight, a.w_dtype, c, 1.f);
+    k[v].beta = load_param(a.bias, a.w_dtype, c, 0.f);
+  }
+}
+
+__device__ __forceinline__ float grad_z(const GnArgs& a, float dy, float xhat, const ChannelCoef& k) {
+  if (a.act != 1) return dy;
+  const float z = fmaf(xhat, k.gamma, k.beta);
+  const float s = sigmoid(z);
+  return dy * s * fmaf(z, 1.f - s, 1.f);
+}
+
+template <typename T, int V>
+__device__ void bwd_tile(const GnArgs& a, int64_t tile_id, T* keep_x, T* keep_dy, float* scratch) {
+  const Tile tile(a, tile_id);
+  const Lane lane(a);
+  const T* x = static_cast<const T*>(a.x) + tile.offset(a);
+  const T* dy = static_cast<const T*>(a.dy) + tile.offset(a);
+  float2* out = partials(a) + (tile.n * a.tiles_per_slice + tile.t) * a.c;
+  for (int chunk = 0; chunk < a.col_chunks; ++chunk) {
+    const int64_t j = static_cast<int64_t>(chunk) * a.cols_threads + lane.col;
+    const bool valid = lane.active && j * V < a.c;
+    float s1[V], s2[V];
+    ChannelCoef k[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
+    if (valid) {
+      load_coefs<V>(a, tile.n, j * V, k);
+#pragma unroll 2
+      for (int64_t r = lane.row; r < tile.rows; r += a.rows_threads) {
+        const int64_t off = r * a.c + j * V;
+        const Pack<T, V> px = load_pack<T, V>(x + off);
+        const Pack<T, V> pd = load_pack<T, V>(dy + off);
+        if (keep_x != nullptr) {
+          *reinterpret_cast<Pack<T, V>*>(keep_x + off) = px;
+          *reinterpret_cast<Pack<T, V>*>(keep_dy + off) = pd;
+        }
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const float xhat = (to_float(px.v[v]) - k[v].mean) * k[v].rstd;
+          const float dz = grad_z(a, to_float(pd.v[v]), xhat, k[v]);
+          s1[v] = fmaf(dz, xhat, s1[v]);
+          s2[v] += dz;
+        }
+      }
+    }
+    reduce_columns<V>(a, lane, scratch, s1, s2, out, static_cast<int64_t>(chunk) * a.cols_threads * V);
+  }
+}
+
+// One warp per (n, g): per-channel totals A = sum dz*xhat, B = sum dz (kept for dgamma and
+// dbeta), and the group's gamma-weighted totals that dx needs.
+__device__ inline void bwd_combine_items(const GnArgs& a, int64_t first_warp, int64_t warp_stride) {
+  const int lane = threadIdx.x % 32;
+  const int64_t d = a.c / a.g;
+  for (int64_t item = first_warp; item < a.n * a.g; item += warp_stride) {
+    const int64_t n = item / a.g, g = item - n * a.g;
+    float2 acc = make_float2(0.f, 0.f);
+    for (int64_t c = g * d + lane; c < (g + 1) * d; c += 32) {
+      const float2 s = channel_total(a, n, c);
+      channel_sums(a)[n * a.c + c] = s;
+      const float gamma = load_param(a.weight, a.w_dtype, c, 1.f);
+      acc.x = fmaf(gamma, s.x, acc.x);
+      acc.y = fmaf(gamma, s.y, acc.y);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) group_sums(a)[item] = acc;
+  }
+}
+
+// One warp per channel: dgamma = sum over n of A, dbeta = sum over n of B.
+__device__ inline void bwd_param_items(const GnArgs& a, int64_t first_warp, int64_t warp_stride) {
+  if (a.dweight == nullptr && a.dbias == nullptr) return;
+  const int lane = threadIdx.x % 32;
+  for (int64_t c = first_warp; c < a.c; c += warp_stride) {
+    float2 acc = make_float2(0.f, 0.f);
+    for (int64_t n = lane; n < a.n; n += 32) {
+      const float2 s = channel_sums(a)[n * a.c + c];
+      acc.x += s.x;
+      acc.y += s.y;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      if (a.dweight != nullptr) a.dweight[c] = acc.x;
+      if (a.dbias != nullptr) a.dbias[c] = acc.y;
+    }
+  }
+}
+
+template <typename T, int V>
+__device__ void bwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep_x, const T* keep_dy) {
+  const Tile tile(a, tile_id);
+  const Lane lane(a);
+  if (!lane.active) return;
+  const int64_t d = a.c / a.g;
+  const float inv_count = 1.f / (static_cast<float>(a.s) * static_cast<float>(d));
+  const T* x = static_cast<const T*>(a.x) + tile.offset(a);
+  const T* dy = static_cast<const T*>(a.dy) + tile.offset(a);
+  T* dx = static_cast<T*>(a.out) + tile.offset(a);
+  for (int chunk = 0; chunk < a.col_chunks; ++chunk) {
+    const int64_t j = static_cast<int64_t>(chunk) * a.cols_threads + lane.col;
+    if (j * V >= a.c) continue;
+    ChannelCoef k[V];
+    float ga[V], gb[V];
+    load_coefs<V>(a, tile.n, j * V, k);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const float2 gs = group_sums(a)[tile.n * a.g + (j * V + v) / d];
+      ga[v] = gs.x * inv_count;
+      gb[v] = gs.y * inv_count;
+    }
+#pragma unroll 2
+    for (int64_t r = lane.row; r < tile.rows; r += a.rows_threads) {
+      const int64_t off = r * a.c + j * V;
+      const Pack<T, V> px = keep_x != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep_x + off)
+                                              : load_pack<T, V>(x + off);
+      const Pack<T, V> pd = keep_dy != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep_dy + off)
+                                               : load_pack<T, V>(dy + off);
+      Pack<T, V> q;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const float xhat = (to_float(px.v[v]) - k[v].mean) * k[v].rstd;
+        const float dz = grad_z(a, to_float(pd.v[v]), xhat, k[v]);
+        q.v[v] = from_float<T>(k[v].rstd * (dz * k[v].gamma - fmaf(xhat, ga[v], gb[v])));
+      }
+      store_pack_streaming<T, V>(dx + off, q);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- shared-memory layout
+template <typename T>
+__device__ __forceinline__ T* keep_region(int tensor, const GnArgs& a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int64_t tile_bytes = (a.rows_per_tile * a.c * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
+  return reinterpret_cast<T*>(smem + tensor * tile_bytes);
+}
+__device__ __forceinline__ float* scratch_region(int tensors_kept, int64_t tile_bytes_each) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  return reinterpret_cast<float*>(smem + tensors_kept * ((tile_bytes_each + 15) / 16 * 16));
+}
+
+__device__ __forceinline__ void record(const GnArgs& a, int slot, int value) {
+  if (a.record != nullptr && threadIdx.x == 0) atomicAdd(a.record + slot, value);
+}
+
+}  // namespace gn

@@ -1,0 +1,29 @@
+// Host-side pieces shared by the forward, backward and API translation units.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "gn_api.h"
+
+namespace gn {
+
+// Kernel kinds for gn_kernel_attributes (the order is part of the ABI; see gn_module/_abi.py).
+enum KernelKind {
+  kFwdTiles = 0,
+  kFwdApply = 1,
+  kFwdOnepass = 2,
+  kFwdCombine = 3,
+  kLevelReduce = 4,
+  kBwdTiles = 5,
+  kBwdApply = 6,
+  kBwdOnepass = 7,
+  kBwdCombine = 8,
+};
+
+int launch_levels(const GnArgs& a, cudaStream_t stream);
+int level_attributes(int* regs, int* smem, int* local);
+int forward_occupancy(int dtype, int vec, int smem, int* blocks);
+int backward_occupancy(int dtype, int vec, int smem, int* blocks);
+int forward_attributes(int kind, int dtype, int vec, int* regs, int* smem, int* local);
+int backward_attributes(int kind, int dtype, int vec, int* regs, int* smem, int* local);
+
+}  // namespace gn

@@ -1,0 +1,96 @@
+"""ctypes mirror of `GnArgs` in csrc/gn_api.h, and the library's function signatures.
+
+The field order and types must match the C struct exactly; `check_abi` compares sizes at load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+MAX_LEVELS = 8
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+DIRECTION_CODES = {"fwd": 0, "bwd": 1}
+ACT_CODES = {None: 0, "silu": 1}
+# Kernel kinds of gn_kernel_attributes (csrc/gn_launch.h, enum KernelKind).
+KERNEL_KINDS = {
+    "fwd_tiles": 0,
+    "fwd_apply": 1,
+    "fwd_onepass": 2,
+    "fwd_combine": 3,
+    "level_reduce": 4,
+    "bwd_tiles": 5,
+    "bwd_apply": 6,
+    "bwd_onepass": 7,
+    "bwd_combine": 8,
+}
+
+_p = ctypes.c_void_p
+_i64 = ctypes.c_int64
+_i32 = ctypes.c_int32
+
+
+class GnArgs(ctypes.Structure):
+    _fields_ = [  # noqa: RUF012 - ctypes wants a plain list
+        ("x", _p),
+        ("dy", _p),
+        ("out", _p),
+        ("weight", _p),
+        ("bias", _p),
+        ("mean", _p),
+        ("rstd", _p),
+        ("workspace", _p),
+        ("dweight", _p),
+        ("dbias", _p),
+        ("record", _p),
+        ("n", _i64),
+        ("s", _i64),
+        ("c", _i64),
+        ("g", _i64),
+        ("rows_per_tile", _i64),
+        ("tiles_per_slice", _i64),
+        ("off_partials", _i64),
+        ("off_level", _i64),
+        ("off_channel_sums", _i64),
+        ("off_group_sums", _i64),
+        ("level_tiles", _i64 * MAX_LEVELS),
+        ("nlevels", _i32),
+        ("fanin", _i32),
+        ("dtype", _i32),
+        ("w_dtype", _i32),
+        ("vec", _i32),
+        ("cols_threads", _i32),
+        ("col_chunks", _i32),
+        ("rows_threads", _i32),
+        ("act", _i32),
+        ("eps", ctypes.c_float),
+        ("schedule", _i32),
+        ("grid", _i32),
+        ("smem", _i32),
+        ("device", _i32),
+    ]
+
+
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Attach argument and result types to the library's entry points."""
+    ip = ctypes.POINTER(ctypes.c_int)
+    lib.gn_forward.argtypes = [ctypes.POINTER(GnArgs), _p]
+    lib.gn_backward.argtypes = [ctypes.POINTER(GnArgs), _p]
+    lib.gn_onepass_occupancy.argtypes = [ctypes.c_int] * 5 + [ip]
+    lib.gn_kernel_attributes.argtypes = [ctypes.c_int] * 4 + [ip, ip, ip]
+    lib.gn_runtime_arch.argtypes = [ctypes.c_int, ip]
+    lib.gn_error_string.argtypes = [ctypes.c_int]
+    lib.gn_error_string.restype = ctypes.c_char_p
+    lib.gn_abi_size.argtypes = []
+    for fn in (lib.gn_forward, lib.gn_backward, lib.gn_onepass_occupancy, lib.gn_kernel_attributes,
+               lib.gn_runtime_arch, lib.gn_abi_size):
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def check_abi(lib: ctypes.CDLL) -> None:
+    size = lib.gn_abi_size()
+    if size != ctypes.sizeof(GnArgs):
+        raise RuntimeError(
+            f"gn_module: the compiled library's GnArgs is {size} bytes but Python's mirror is "
+            f"{ctypes.sizeof(GnArgs)}; csrc/gn_api.h and gn_module/_abi.py disagree"
+        )

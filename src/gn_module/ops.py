@@ -1,0 +1,409 @@
+"""CUDA launcher: torch custom ops around the C library, the local-device schedule, residency caps.
+
+The launch numbers all come from `gn_module.schedule` (`plan` below); this module only asks the
+CUDA occupancy API how many one-pass blocks the device holds and fills `GnArgs` from the plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import threading
+from collections.abc import Iterator
+
+import torch
+
+from gn_module import _abi, build, schedule
+from gn_module.schedule import KernelResources, Plan, Tiling
+
+ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
+
+# Caps and variants are process-wide (not thread-local): autograd runs backward on its own thread.
+_settings_lock = threading.Lock()
+_caps: list[int] = []
+_variants: list[str | None] = []
+_records: list[dict] = []
+_poison: list[bool] = []
+
+
+# ---------------------------------------------------------------- user-facing switches
+@contextlib.contextmanager
+def max_resident_blocks(k: int) -> Iterator[None]:
+    """Cap every one-pass grid at `k` blocks inside the block (emulates a smaller GPU).
+
+    Overflow tiles are then processed by the resident blocks in the same launch. Results are
+    bitwise identical for every k. The env var GN_MAX_RESIDENT_BLOCKS sets a process-wide cap.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"max_resident_blocks: k must be an int >= 1, got {k!r}")
+    with _settings_lock:
+        _caps.append(k)
+    try:
+        yield
+    finally:
+        with _settings_lock:
+            _caps.remove(k)
+
+
+def current_cap() -> int | None:
+    """The tightest residency cap in force (context managers and GN_MAX_RESIDENT_BLOCKS)."""
+    caps = list(_caps)
+    env = os.environ.get(ENV_CAP)
+    if env:
+        try:
+            value = int(env)
+        except ValueError:
+            raise ValueError(f"{ENV_CAP} must be an integer >= 1, got {env!r}") from None
+        if value < 1:
+            raise ValueError(f"{ENV_CAP} must be an integer >= 1, got {env!r}")
+        caps.append(value)
+    return min(caps) if caps else None
+
+
+@contextlib.contextmanager
+def build_variant(variant: str | None) -> Iterator[None]:
+    """Run the ops with another build inside the block: None = native, "compute_80" = PTX-only."""
+    build.arch_flags(variant, (0, 0))  # validates the name
+    with _settings_lock:
+        _variants.append(variant)
+    try:
+        yield
+    finally:
+        with _settings_lock:
+            _variants.pop()
+
+
+def current_variant() -> str | None:
+    return _variants[-1] if _variants else None
+
+
+@contextlib.contextmanager
+def launch_record() -> Iterator[dict]:
+    """Read back what the kernels really launched: grid and tiles visited in each phase.
+
+    Yields a dict filled after each op inside the block: {"fwd": {...}, "bwd": {...}} with keys
+    grid, tiles_phase1, tiles_applied, schedule. For tests of plan/launcher agreement.
+    """
+    rec: dict = {}
+    with _settings_lock:
+        _records.append(rec)
+    try:
+        yield rec
+    finally:
+        with _settings_lock:
+            _records.remove(rec)
+
+
+@contextlib.contextmanager
+def poison_outputs() -> Iterator[None]:
+    """Fill every output and the workspace with NaN before the kernels run (tests only), so an
+    element the kernels fail to write shows up instead of a stale value from the allocator."""
+    with _settings_lock:
+        _poison.append(True)
+    try:
+        yield
+    finally:
+        with _settings_lock:
+            _poison.pop()
+
+
+def _poisoned(*tensors: torch.Tensor) -> None:
+    if _poison:
+        for t in tensors:
+            t.fill_(float("nan"))
+
+
+# ---------------------------------------------------------------- device facts
+def _device_index(device: torch.device | int | None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def library(device: int, variant: str | None = None) -> ctypes.CDLL:
+    cc = torch.cuda.get_device_capability(device)
+    return build.load(variant, cc)
+
+
+def _check(lib: ctypes.CDLL, code: int, what: str) -> None:
+    if code != 0:
+        msg = lib.gn_error_string(code).decode(errors="replace")
+        raise RuntimeError(f"gn_module: {what} failed: CUDA error {code} ({msg})")
+
+
+@functools.lru_cache(maxsize=None)
+def _occupancy(index: int, variant: str | None, direction: str, dtype: str, vec: int, smem: int) -> int:
+    lib = library(index, variant)
+    blocks = ctypes.c_int(0)
+    code = lib.gn_onepass_occupancy(
+        index, _abi.DIRECTION_CODES[direction], _abi.DTYPE_CODES[dtype], vec, smem, ctypes.byref(blocks)
+    )
+    if code != 0:  # e.g. more shared memory than a block may have: one-pass impossible
+        return 0
+    return blocks.value
+
+
+def onepass_residency(t: Tiling, dtype: str | torch.dtype, device: torch.device | int | None = None) -> int:
+    """Co-resident one-pass blocks for tiling `t` on the device, from the CUDA occupancy API."""
+    index = _device_index(device)
+    name = _dtype_name(dtype)
+    per_sm = _occupancy(index, current_variant(), t.direction, name, t.vec, t.onepass_smem)
+    return per_sm * _sm_count(index)
+
+
+def kernel_resources(
+    kind: str, dtype: str | torch.dtype, vec: int, device: torch.device | int | None = None
+) -> KernelResources:
+    """Registers and static shared memory of one compiled kernel (cudaFuncGetAttributes)."""
+    index = _device_index(device)
+    lib = library(index, current_variant())
+    regs, smem, local = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    code = lib.gn_kernel_attributes(
+        index, _abi.KERNEL_KINDS[kind], _abi.DTYPE_CODES[_dtype_name(dtype)], vec,
+        ctypes.byref(regs), ctypes.byref(smem), ctypes.byref(local),
+    )
+    _check(lib, code, f"cudaFuncGetAttributes({kind})")
+    return KernelResources(registers=regs.value, static_smem=smem.value)
+
+
+def runtime_cuda_arch(device: torch.device | int | None = None) -> int:
+    """The __CUDA_ARCH__ value the current build variant runs with on the device."""
+    index = _device_index(device)
+    lib = library(index, current_variant())
+    arch = ctypes.c_int(0)
+    _check(lib, lib.gn_runtime_arch(index, ctypes.byref(arch)), "reading __CUDA_ARCH__")
+    return arch.value
+
+
+def _dtype_name(dtype: str | torch.dtype) -> str:
+    name = str(dtype).replace("torch.", "")
+    if name not in _abi.DTYPE_CODES:
+        raise TypeError(f"gn_module: unsupported dtype {dtype}; expected float32, float16 or bfloat16")
+    return name
+
+
+# ---------------------------------------------------------------- the schedule for this device
+def _nsc(shape: tuple[int, ...] | torch.Size) -> tuple[int, int, int]:
+    n, c = shape[0], shape[1]
+    s = 1
+    for d in shape[2:]:
+        s *= d
+    return n, s, c
+
+
+def choose_schedule(t: Tiling, batch: int, residency: int) -> int:
+    """passes="auto": one-pass when every tile fits on chip at once, else two-pass.
+
+    One-pass saves the second read of the input only for tiles held on chip; with overflow it
+    still pays grid barriers for a small saving (see benchmarks/RESULTS.md).
+    """
+    tiles = batch * t.tiles_per_slice
+    return 1 if 0 < tiles <= residency else 2
+
+
+def plan(
+    shape: tuple[int, ...] | torch.Size,
+    num_groups: int,
+    dtype: str | torch.dtype,
+    direction: str,
+    schedule_: int | str = "auto",
+    device: torch.device | int | None = None,
+    *,
+    aligned: bool = True,
+    cap: int | None = None,
+) -> Plan:
+    """The launch plan for an input of NCHW-order `shape` on a local CUDA device.
+
+    `cap` defaults to the cap in force (`max_resident_blocks`, GN_MAX_RESIDENT_BLOCKS).
+    """
+    n, s, c = _nsc(shape)
+    name = _dtype_name(dtype)
+    t = schedule.tiling(c, num_groups, s, schedule.ITEMSIZE[name], direction, aligned=aligned)
+    residency = onepass_residency(t, name, device)
+    chosen = choose_schedule(t, n, residency) if schedule_ == "auto" else int(schedule_)
+    if chosen == 1 and residency == 0:
+        raise RuntimeError(
+            f"gn_module: the one-pass schedule cannot run C={c} {name} on this device: a block needs "
+            f"{t.onepass_smem} bytes of shared memory; use passes=2 or 'auto'"
+        )
+    return schedule.make_plan(t, n, chosen, residency, current_cap() if cap is None else cap)
+
+
+# ---------------------------------------------------------------- launching
+def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _args(p: Plan, x: torch.Tensor, eps: float, act: str | None, param: torch.Tensor | None) -> _abi.GnArgs:
+    """GnArgs from the plan; `param` is weight or bias (they share a dtype), for its dtype code."""
+    t = p.tiling
+    a = _abi.GnArgs()
+    a.n, a.s, a.c, a.g = p.batch, t.rows, t.channels, t.groups
+    a.rows_per_tile, a.tiles_per_slice = t.rows_per_tile, t.tiles_per_slice
+    offsets, total = {}, 0
+    for region, floats in p.workspace_floats.items():
+        offsets[region] = total
+        total += floats
+    a.off_partials = offsets["partials"]
+    a.off_level = offsets.get("level", 0)
+    a.off_channel_sums = offsets.get("channel_sums", 0)
+    a.off_group_sums = offsets.get("group_sums", 0)
+    levels = t.level_tiles
+    if len(levels) > _abi.MAX_LEVELS:
+        raise RuntimeError(f"gn_module: {t.tiles_per_slice} tiles per slice need too many reduction levels")
+    for i, size in enumerate(levels):
+        a.level_tiles[i] = size
+    a.nlevels, a.fanin = len(levels), schedule.FANIN
+    a.dtype = _abi.DTYPE_CODES[_dtype_name(x.dtype)]
+    a.w_dtype = _abi.DTYPE_CODES[_dtype_name(param.dtype)] if param is not None else 0
+    a.vec, a.cols_threads, a.col_chunks, a.rows_threads = t.vec, t.cols_threads, t.col_chunks, t.rows_threads
+    a.act = _abi.ACT_CODES[act]
+    a.eps = eps
+    a.schedule, a.grid, a.smem = p.schedule, p.grid, p.smem
+    a.device = x.device.index
+    return a
+
+
+def _plan_for(x: torch.Tensor, num_groups: int, direction: str, passes: int) -> Plan:
+    aligned = x.data_ptr() % schedule.VEC_BYTES == 0
+    p = plan(x.shape, num_groups, x.dtype, direction, "auto" if passes == 0 else passes, x.device,
+             aligned=aligned)
+    if p.tiles >= 2**31:
+        raise RuntimeError(f"gn_module: {p.tiles} tiles exceed the launch limit of 2**31 - 1 blocks")
+    return p
+
+
+def _run(direction: str, p: Plan, a: _abi.GnArgs, x: torch.Tensor) -> None:
+    index = x.device.index
+    lib = library(index, current_variant())
+    records = list(_records)
+    rec_tensor = torch.zeros(4, dtype=torch.int32, device=x.device) if records else None
+    a.record = _ptr(rec_tensor)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    fn = lib.gn_forward if direction == "fwd" else lib.gn_backward
+    _check(lib, fn(ctypes.byref(a), ctypes.c_void_p(stream)), f"GroupNorm {direction} launch")
+    if rec_tensor is not None:
+        grid, phase1, applied, _ = rec_tensor.tolist()
+        entry = {"grid": grid, "tiles_phase1": phase1, "tiles_applied": applied, "schedule": p.schedule,
+                 "plan": p}
+        for r in records:
+            r[direction] = entry
+
+
+def _workspace(p: Plan, device: torch.device) -> torch.Tensor:
+    return torch.empty(max(1, sum(p.workspace_floats.values())), dtype=torch.float32, device=device)
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, num_groups: int,
+            eps: float, act: int, passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = x.shape[0]
+    y = torch.empty_like(x)
+    mean = torch.empty((n, num_groups), dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    p = _plan_for(x, num_groups, "fwd", passes)
+    ws = _workspace(p, x.device)
+    _poisoned(y, mean, rstd, ws)
+    a = _args(p, x, eps, _ACTS[act], weight if weight is not None else bias)
+    a.x, a.out, a.weight, a.bias = x.data_ptr(), y.data_ptr(), _ptr(weight), _ptr(bias)
+    a.mean, a.rstd, a.workspace = mean.data_ptr(), rstd.data_ptr(), ws.data_ptr()
+    _run("fwd", p, a, x)
+    return y, mean, rstd
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+             mean: torch.Tensor, rstd: torch.Tensor, num_groups: int, eps: float, act: int,
+             passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # dy must share x's (N, *spatial, C) memory order; gradients arrive in any layout.
+    dy = dy.movedim(1, -1).contiguous().movedim(-1, 1)
+    if dy.data_ptr() % schedule.VEC_BYTES != 0:
+        dy = dy.clone(memory_format=torch.preserve_format)
+    c = x.shape[1]
+    dx = torch.empty_like(x)
+    param = weight if weight is not None else bias
+    pdt = param.dtype if param is not None else torch.float32
+    dw32 = torch.empty(c, dtype=torch.float32, device=x.device)
+    db32 = torch.empty(c, dtype=torch.float32, device=x.device)
+    aligned = x.data_ptr() % schedule.VEC_BYTES == 0 and dy.data_ptr() % schedule.VEC_BYTES == 0
+    p = plan(x.shape, num_groups, x.dtype, "bwd", "auto" if passes == 0 else passes, x.device,
+             aligned=aligned)
+    ws = _workspace(p, x.device)
+    _poisoned(dx, dw32, db32, ws)
+    a = _args(p, x, eps, _ACTS[act], weight if weight is not None else bias)
+    a.x, a.dy, a.out, a.weight, a.bias = x.data_ptr(), dy.data_ptr(), dx.data_ptr(), _ptr(weight), _ptr(bias)
+    a.mean, a.rstd, a.workspace = mean.data_ptr(), rstd.data_ptr(), ws.data_ptr()
+    a.dweight, a.dbias = dw32.data_ptr(), db32.data_ptr()
+    _run("bwd", p, a, x)
+    return dx, dw32.to(pdt), db32.to(pdt)
+
+
+_ACTS = {0: None, 1: "silu"}
+_ACT_IDS = {None: 0, "silu": 1}
+_PASSES = {"auto": 0, 1: 1, 2: 2}
+
+
+# ---------------------------------------------------------------- torch.library registration
+@torch.library.custom_op("gn_module::group_norm_fwd", mutates_args=(), device_types="cuda")
+def group_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, num_groups: int,
+                   eps: float, act: int, passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with torch.cuda.device(x.device):
+        return forward(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
+
+
+@group_norm_fwd.register_fake
+def _(x, weight, bias, num_groups, eps, act, passes):
+    stats = x.new_empty((x.shape[0], num_groups), dtype=torch.float32)
+    return torch.empty_like(x), stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("gn_module::group_norm_bwd", mutates_args=(), device_types="cuda")
+def group_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   mean: torch.Tensor, rstd: torch.Tensor, num_groups: int, eps: float, act: int,
+                   passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with torch.cuda.device(x.device):
+        return backward(dy, x, _dense(weight), _dense(bias), mean, rstd, num_groups, eps, act, passes)
+
+
+@group_norm_bwd.register_fake
+def _(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes):
+    c = x.shape[1]
+    param = weight if weight is not None else bias
+    pdt = param.dtype if param is not None else torch.float32
+    return torch.empty_like(x), x.new_empty((c,), dtype=pdt), x.new_empty((c,), dtype=pdt)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, num_groups, eps, act, passes = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, bias, mean, rstd)
+    ctx.config = (num_groups, eps, act, passes)
+
+
+def _backward(ctx, dy, _dmean, _drstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    num_groups, eps, act, passes = ctx.config
+    dx, dw, db = group_norm_bwd(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes)
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    return (dx if need_x else None, dw if (weight is not None and need_w) else None,
+            db if (bias is not None and need_b) else None, None, None, None, None)
+
+
+group_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def group_norm_cuda(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                    eps: float, act: str | None, passes: object) -> torch.Tensor:
+    y, _, _ = group_norm_fwd(x, weight, bias, num_groups, eps, _ACT_IDS[act], _PASSES[passes])
+    return y

@@ -1,0 +1,289 @@
+"""The one schedule model: tiles, residency, grid cap and overflow for every GroupNorm launch.
+
+Everything here is pure Python (no torch, no CUDA) so that the launcher, the pytest plugin, the
+docs and the arch sweep all read the same numbers. The CUDA launcher receives a `Plan` and
+follows it; it derives nothing on its own.
+
+Vocabulary
+----------
+slice      one sample n of the input, viewed as ``S`` rows of ``C`` channels (memory order N, S, C).
+tile       ``rows_per_tile`` consecutive rows of one slice, all channels. The unit of work and of
+           every partial reduction. The tiling depends on the shape and dtype only, never on the
+           device, the schedule or the residency cap: that is what makes results bitwise
+           identical across schedules and caps.
+level      a fixed-fan-in reduction of per-tile partials over the tile axis (``FANIN`` at a time)
+           until at most ``FANIN`` partials per (n, c) remain; the group-combine phase finishes.
+one-pass   one cooperative launch: tile partials, grid barrier, levels, grid barrier, combine,
+           grid barrier, apply. Each block keeps its last tile on chip across the barriers.
+two-pass   the same phases as separate ordinary launches (the tensor is read twice).
+residency  blocks of the one-pass kernel that can be co-resident on the whole device.
+grid       ``min(tiles, residency, cap)``; ``overflow_tiles = tiles - grid`` are processed by
+           resident blocks in the same launch (grid-stride), and reach every reduction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+#: Threads per block of every kernel.
+THREADS = 256
+#: Bytes of one vector access per thread.
+VEC_BYTES = 16
+#: On-chip bytes per block that hold the tile(s) across the one-pass grid barriers.
+TILE_BYTES = 32 * 1024
+#: Fan-in of each reduction level over the tile axis.
+FANIN = 32
+#: Largest number of reduction levels the launcher accepts (FANIN**8 tiles is far beyond any tensor).
+MAX_LEVELS = 8
+
+DIRECTIONS = ("fwd", "bwd")
+#: Tensors held on chip per tile by the one-pass kernel: x (fwd); x and dy (bwd).
+TENSORS_ON_CHIP = {"fwd": 1, "bwd": 2}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """Per-SM limits of a GPU (CUDA programming guide, compute-capability tables) and its SM count."""
+
+    name: str
+    cc: tuple[int, int]
+    sm_count: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    smem_per_sm: int  # bytes usable by blocks of one SM (largest carveout)
+    max_smem_per_block: int  # bytes a block may opt into
+    regs_per_sm: int = 65536
+    max_regs_per_block: int = 65536
+    reg_alloc_unit: int = 256  # registers per warp are allocated in units of this many
+    smem_alloc_unit: int = 128
+    reserved_smem_per_block: int = 1024  # the driver's share of each block, sm_80 and newer
+    warp_size: int = 32
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.cc[0]}{self.cc[1]}"
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What the compiler gave one kernel: registers per thread and static shared memory."""
+
+    registers: int
+    static_smem: int = 0
+
+
+def _round_up(value: int, unit: int) -> int:
+    return -(-value // unit) * unit
+
+
+def blocks_per_sm(limits: DeviceLimits, res: KernelResources, threads: int, dynamic_smem: int) -> int:
+    """Co-resident blocks per SM, the way the CUDA occupancy calculator derives it."""
+    warps = -(-threads // limits.warp_size)
+    by_threads = limits.max_threads_per_sm // (warps * limits.warp_size)
+    by_blocks = limits.max_blocks_per_sm
+    if res.registers > 0:
+        regs_per_warp = _round_up(res.registers * limits.warp_size, limits.reg_alloc_unit)
+        if regs_per_warp * warps > limits.max_regs_per_block:
+            return 0
+        by_regs = (limits.regs_per_sm // regs_per_warp) // warps
+    else:
+        by_regs = by_blocks
+    smem = res.static_smem + dynamic_smem
+    if smem > limits.max_smem_per_block:
+        return 0
+    smem_block = _round_up(smem + limits.reserved_smem_per_block, limits.smem_alloc_unit)
+    by_smem = limits.smem_per_sm // smem_block
+    return max(0, min(by_threads, by_blocks, by_regs, by_smem))
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How one slice is cut into tiles and how a block's threads cover a tile."""
+
+    direction: str
+    channels: int
+    groups: int
+    rows: int  # S, rows per slice
+    itemsize: int
+    vec: int  # channels per thread access (16-byte vectors when the layout allows)
+    cols_threads: int  # threads across one row (each owns `vec` channels per column chunk)
+    col_chunks: int  # column chunks per thread when a row is wider than the block
+    rows_threads: int  # rows a block walks at once
+    rows_per_tile: int
+    tiles_per_slice: int
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes of one tensor's tile."""
+        return self.rows_per_tile * self.channels * self.itemsize
+
+    @property
+    def scratch_bytes(self) -> int:
+        """Shared memory for the in-tile per-channel reduction (one float per thread-channel; an
+        upper bound: the kernel folds lanes of a warp first where the row width allows)."""
+        return self.rows_threads * self.cols_threads * self.vec * 4
+
+    @property
+    def onepass_smem(self) -> int:
+        """Dynamic shared memory of the one-pass kernel: the tile(s) kept on chip plus scratch."""
+        return TENSORS_ON_CHIP[self.direction] * _round_up(self.tile_bytes, 16) + self.scratch_bytes
+
+    @property
+    def twopass_smem(self) -> int:
+        """Dynamic shared memory of the two-pass tile kernels: scratch only."""
+        return self.scratch_bytes
+
+    @property
+    def level_tiles(self) -> tuple[int, ...]:
+        """Partials per (n, c) after each reduction level (the combine phase takes the last)."""
+        sizes = []
+        t = self.tiles_per_slice
+        while t > FANIN:
+            t = -(-t // FANIN)
+            sizes.append(t)
+        return tuple(sizes)
+
+
+def tiling(
+    channels: int,
+    groups: int,
+    rows: int,
+    itemsize: int,
+    direction: str,
+    *,
+    aligned: bool = True,
+) -> Tiling:
+    """Cut a slice of ``rows`` x ``channels`` into tiles. Depends on shape and dtype only."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if channels < 1 or groups < 1 or channels % groups:
+        raise ValueError(f"expected num_channels ({channels}) divisible by num_groups ({groups})")
+    full = VEC_BYTES // itemsize
+    vec = full if (aligned and channels % full == 0) else 1
+    vectors_per_row = channels // vec
+    cols_threads = min(vectors_per_row, THREADS)
+    col_chunks = -(-vectors_per_row // cols_threads)
+    rows_threads = THREADS // cols_threads
+    budget = TILE_BYTES // TENSORS_ON_CHIP[direction]
+    rows_per_tile = max(1, min(max(rows, 1), budget // (channels * itemsize)))
+    tiles_per_slice = max(1, -(-rows // rows_per_tile)) if rows > 0 else 0
+    return Tiling(
+        direction=direction,
+        channels=channels,
+        groups=groups,
+        rows=rows,
+        itemsize=itemsize,
+        vec=vec,
+        cols_threads=cols_threads,
+        col_chunks=col_chunks,
+        rows_threads=rows_threads,
+        rows_per_tile=rows_per_tile,
+        tiles_per_slice=tiles_per_slice,
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete description of one launch. `asdict(plan)` is what tests and reports print."""
+
+    tiling: Tiling
+    batch: int
+    schedule: int  # 1 = one-pass (cooperative), 2 = two-pass
+    residency: int  # co-resident one-pass blocks on the device (0: one-pass impossible)
+    cap: int | None
+    grid: int  # blocks of the one-pass launch (two-pass: blocks of the tile kernels = tiles)
+    tiles: int
+    overflow_tiles: int
+    waves: int  # tiles per block of the one-pass launch, rounded up
+    workspace_floats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def direction(self) -> str:
+        return self.tiling.direction
+
+    @property
+    def smem(self) -> int:
+        return self.tiling.onepass_smem if self.schedule == 1 else self.tiling.twopass_smem
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 4 * sum(self.workspace_floats.values())
+
+    def describe(self) -> dict:
+        out = asdict(self)
+        out["smem"] = self.smem
+        out["workspace_bytes"] = self.workspace_bytes
+        return out
+
+
+def workspace_layout(t: Tiling, batch: int) -> dict[str, int]:
+    """Float counts of each scratch region, in the order the launcher lays them out."""
+    pair = 2 * batch * t.channels  # (sum, sum) per (n, c)
+    layout = {"partials": pair * t.tiles_per_slice}
+    levels = t.level_tiles
+    if levels:
+        layout["level"] = pair * levels[0]
+    if t.direction == "bwd":
+        layout["channel_sums"] = pair
+        layout["group_sums"] = 2 * batch * t.groups
+    return layout
+
+
+def make_plan(t: Tiling, batch: int, schedule: int, residency: int, cap: int | None = None) -> Plan:
+    """Grid, overflow and workspace for `t` on a device that holds `residency` one-pass blocks."""
+    if schedule not in (1, 2):
+        raise ValueError(f"schedule must be 1 (one-pass) or 2 (two-pass), got {schedule!r}")
+    if cap is not None and cap < 1:
+        raise ValueError(f"residency cap must be >= 1, got {cap}")
+    tiles = batch * t.tiles_per_slice
+    if schedule == 1:
+        grid = min(tiles, residency if cap is None else min(residency, cap))
+        overflow = max(0, tiles - grid)
+        waves = -(-tiles // grid) if grid else 0
+    else:
+        grid, overflow, waves = tiles, 0, 1 if tiles else 0
+    return Plan(
+        tiling=t,
+        batch=batch,
+        schedule=schedule,
+        residency=residency,
+        cap=cap,
+        grid=grid,
+        tiles=tiles,
+        overflow_tiles=overflow,
+        waves=waves,
+        workspace_floats=workspace_layout(t, batch),
+    )
+
+
+def model_residency(limits: DeviceLimits, res: KernelResources, t: Tiling) -> int:
+    """Co-resident one-pass blocks on a described device (the arch sweep's emulated residency)."""
+    return blocks_per_sm(limits, res, THREADS, t.onepass_smem) * limits.sm_count
+
+
+def rows_for_tiles(t: Tiling, tiles_per_slice: int) -> int:
+    """Rows S that make a slice of exactly `tiles_per_slice` full tiles (inverse of `tiling`)."""
+    return tiles_per_slice * t.rows_per_tile
+
+
+def slice_for_tiles(channels: int, groups: int, itemsize: int, direction: str, batch: int, tiles: int) -> int:
+    """Rows per slice so that `batch` slices hold at least `tiles` tiles in total.
+
+    Used to generate overflow shapes: ``tiles`` is a multiple of the residency. The tiling of the
+    returned row count is checked to hold that many tiles (rows_per_tile is capped by S itself).
+    """
+    if tiles < batch:
+        raise ValueError("need at least one tile per sample")
+    per_slice = -(-tiles // batch)
+    t = tiling(channels, groups, 1 << 30, itemsize, direction)
+    rows = per_slice * t.rows_per_tile
+    check = tiling(channels, groups, rows, itemsize, direction)
+    if check.tiles_per_slice != per_slice:  # a full slice never shrinks its tiles; guard the invariant
+        raise RuntimeError(f"tiling invariant broken: {check} does not hold {per_slice} tiles")
+    return rows
+
+
+def elements(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
