@@ -1,0 +1,215 @@
+"""GNSwapCallback in CPU Trainers (the swapped layers run torch's native path here)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import gn_module
+from gn_module.callback import GNSwapCallback
+from gn_module.convert import SiLUSlot, convert_groupnorm
+
+warnings.filterwarnings("ignore", ".*does not have many workers.*")
+warnings.filterwarnings("ignore", ".*GPU available but not used.*")
+
+
+class Net(LightningModule):
+    """Conv/GroupNorm/SiLU net; optionally adds layers in ``setup`` and ``configure_model``."""
+
+    def __init__(self, late_layers: bool = False) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU())
+        self.head = nn.Conv2d(8, 3, 1)
+        self.seen_in_configure_optimizers: list[type] = []
+
+    def setup(self, stage: str) -> None:
+        if self.hparams.late_layers and not hasattr(self, "from_setup"):
+            self.from_setup = nn.GroupNorm(4, 8)
+
+    def configure_model(self) -> None:
+        if self.hparams.late_layers and not hasattr(self, "from_configure"):
+            self.from_configure = nn.Sequential(nn.GroupNorm(2, 8), nn.SiLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        if self.hparams.late_layers:
+            h = self.from_configure(self.from_setup(h))
+        return self.head(h)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        loss = (self(x) - x).square().mean()
+        self.log("loss", loss)
+        return loss
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", (self(batch[0]) - batch[0]).square().mean())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        self.seen_in_configure_optimizers = [type(m) for m in self.modules() if isinstance(m, nn.GroupNorm)]
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self) -> DataLoader:
+        data = torch.randn(8, 3, 6, 6, generator=torch.Generator().manual_seed(0))
+        return DataLoader(TensorDataset(data), batch_size=4)
+
+    val_dataloader = train_dataloader
+
+
+def trainer(tmp_path, callbacks=(), **kwargs) -> Trainer:
+    options = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": tmp_path,
+        "max_epochs": 1,
+        **kwargs,
+    }
+    return Trainer(callbacks=list(callbacks), **options)
+
+
+def norms(model: nn.Module) -> dict[str, nn.GroupNorm]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, nn.GroupNorm)}
+
+
+def test_fast_dev_run_swaps_before_optimizer(tmp_path):
+    model, callback = Net(), GNSwapCallback()
+    params_before = dict(model.named_parameters())
+    trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
+    assert isinstance(model.body[1], gn_module.GroupNorm) and model.body[1].act == "silu"
+    assert isinstance(model.body[2], SiLUSlot)
+    assert model.seen_in_configure_optimizers == [gn_module.GroupNorm]
+    assert all(p is params_before[n] for n, p in model.named_parameters())
+    assert callback.report is not None and callback.report.summary()["swapped"] == 1
+    assert model.body[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_layers_from_setup_and_configure_model_are_swapped(tmp_path):
+    model, callback = Net(late_layers=True), GNSwapCallback()
+    trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
+    assert sorted(callback.report.swapped) == ["body.1", "from_configure.0", "from_setup"]
+    assert model.from_configure[0].act == "silu"
+    # The optimizer was built after the swap: it saw only converted layers.
+    assert model.seen_in_configure_optimizers == [gn_module.GroupNorm] * 3
+    optimizer = model.trainer.optimizers[0]
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert id(model.from_configure[0].weight) in in_optimizer
+
+
+def test_summary_logged_and_recorded_in_hparams(tmp_path, caplog):
+    logger = CSVLogger(tmp_path)
+    with caplog.at_level(logging.INFO):
+        trainer(tmp_path, [GNSwapCallback(exclude="nothing")], logger=logger, max_steps=1).fit(Net())
+    assert "GNSwapCallback: swapped 1, fused 1" in caplog.text
+    hparams = logger.experiment.hparams
+    assert hparams["gn_swap/swapped"] == 1 and hparams["gn_swap/fused"] == 1
+    assert hparams["gn_swap/channels_last"] is True
+    assert "late_layers" in hparams  # the model's own hparams are still there
+    assert "gn_swap/swapped: 1" in (tmp_path / "lightning_logs/version_0/hparams.yaml").read_text()
+
+
+def test_options_reach_convert(tmp_path):
+    model = Net(late_layers=True)
+    callback = GNSwapCallback(channels_last=False, fuse_silu=False, exclude=["from_*"])
+    trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
+    assert callback.report.swapped == ["body.1"] and callback.report.fused == []
+    assert type(model.from_setup) is nn.GroupNorm and type(model.body[2]) is nn.SiLU
+    assert model.body[0].weight.is_contiguous()
+    assert not model.body[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_restore_on_teardown(tmp_path):
+    model = Net()
+    original_norm, original_silu = model.body[1], model.body[2]
+    trainer(tmp_path, [GNSwapCallback(restore_on_teardown=True)], fast_dev_run=True).fit(model)
+    assert model.body[1] is original_norm and model.body[2] is original_silu
+    assert model.body[0].weight.is_contiguous()
+    assert "setup" not in vars(model.trainer.strategy)
+
+
+def test_second_stage_finds_layers_already_swapped(tmp_path):
+    model, callback = Net(), GNSwapCallback()
+    t = trainer(tmp_path, [callback], fast_dev_run=True)
+    t.fit(model)
+    first = callback.report
+    t.validate(model, verbose=False)
+    assert callback.report is first  # nothing new to report
+    assert "setup" not in vars(t.strategy)
+
+
+def test_checkpoint_from_swapped_loads_into_plain_and_back(tmp_path):
+    model = Net()
+    t = trainer(tmp_path, [GNSwapCallback()], max_steps=2)
+    t.fit(model)
+    path = tmp_path / "swapped.ckpt"
+    t.save_checkpoint(path)
+    plain = Net.load_from_checkpoint(path, strict=True)
+    assert type(plain.body[1]) is nn.GroupNorm
+    x = torch.randn(2, 3, 6, 6)
+    model.eval()
+    torch.testing.assert_close(plain(x), model(x))
+
+    # A plain model's checkpoint loads into a converted one.
+    converted, _ = convert_groupnorm(Net())
+    converted.load_state_dict(torch.load(path, weights_only=True)["state_dict"], strict=True)
+    plain_sd = Net().state_dict()
+    model.load_state_dict(plain_sd, strict=True)
+    torch.testing.assert_close(model.body[1].weight, plain_sd["body.1.weight"])
+
+
+def test_resume_training_matches_uninterrupted(tmp_path):
+    torch.manual_seed(0)
+    initial = Net().state_dict()
+
+    def fresh() -> Net:
+        net = Net()
+        net.load_state_dict(initial)
+        return net
+
+    straight = fresh()
+    trainer(tmp_path, [GNSwapCallback()], max_epochs=2).fit(straight)
+
+    # Epoch 1 without the callback, epoch 2 resumed with it: the plain checkpoint restores the
+    # swapped model's weights and the Adam state for the same Parameters.
+    first = trainer(tmp_path, max_epochs=1)
+    first.fit(fresh())
+    path = tmp_path / "epoch1.ckpt"
+    first.save_checkpoint(path)
+    resumed = fresh()
+    t = trainer(tmp_path, [GNSwapCallback()], max_epochs=2)
+    t.fit(resumed, ckpt_path=path)
+    assert t.global_step == 4 and isinstance(resumed.body[1], gn_module.GroupNorm)
+    for (name, p), q in zip(straight.named_parameters(), resumed.parameters(), strict=True):
+        torch.testing.assert_close(p, q, msg=name)
+
+
+def test_fsdp_is_refused_clearly():
+    class FSDPStrategy:  # stands in for lightning's, which needs CUDA to construct
+        pass
+
+    fake = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(RuntimeError, match=r"does not support FSDPStrategy.*configure_model"):
+        GNSwapCallback().setup(fake, Net(), "fit")  # type: ignore[arg-type]
+
+
+def test_patch_removed_when_setup_fails(tmp_path):
+    class Broken(Net):
+        def configure_model(self) -> None:
+            raise ValueError("boom")
+
+    t = trainer(tmp_path, [GNSwapCallback()], fast_dev_run=True)
+    with pytest.raises(ValueError, match="boom"):
+        t.fit(Broken())
+    assert "setup" not in vars(t.strategy)
