@@ -81,8 +81,10 @@ def device_label(info: dict[str, Any]) -> str:
     """Short one-line description for report headers."""
     if not info.get("cuda"):
         return f"no CUDA device (torch {info.get('torch')})"
-    parts = [str(info["name"]), f"{info['sm_count']} SMs", f"CC {info['compute_capability']}"]
+    parts = [str(info.get("name", "unknown GPU")), f"{info.get('sm_count', '?')} SMs"]
+    if "compute_capability" in info:
+        parts.append(f"CC {info['compute_capability']}")
     if "driver_version" in info:
         parts.append(f"driver {info['driver_version']}")
-    parts.append(f"torch {info['torch']} (CUDA {info['cuda_runtime']})")
+    parts.append(f"torch {info.get('torch', '?')} (CUDA {info.get('cuda_runtime', '?')})")
     return ", ".join(parts)

@@ -101,7 +101,8 @@ def make_op(impl: str, case: Case, *, compile_mode: str | None = None) -> Callab
     import torch._functorch.config as functorch_config
 
     # donated buffers forbid retain_graph=True in the timed backward (see module docstring).
-    functorch_config.donated_buffer = False
+    if hasattr(functorch_config, "donated_buffer"):
+        functorch_config.donated_buffer = False
     # one compile per shape: drop earlier graphs so dynamo's recompile limit never falls back to eager.
     torch.compiler.reset()
 
@@ -140,12 +141,21 @@ def prepare(
         return Prepared(forward, plan, (x, weight, bias))
     leaves = tuple(t.requires_grad_() for t in (x, weight, bias))
     y = op(*leaves)
-    dy = torch.randn_like(y)  # same strides as y
+    # the same logical dy for every impl (drawn channels_last), stored with y's strides
+    gen = torch.Generator(device=y.device).manual_seed(seed + 1)
+    drawn = torch.empty(x.shape, dtype=y.dtype, device=y.device, memory_format=_cl(x)).normal_(generator=gen)
+    dy = torch.empty_like(y).copy_(drawn)
 
     def backward() -> object:
         return torch.autograd.grad(y, leaves, dy, retain_graph=True)
 
     return Prepared(backward, plan, (*leaves, y, dy))
+
+
+def _cl(x: Any) -> Any:
+    import torch
+
+    return torch.channels_last if x.dim() == 4 else torch.channels_last_3d
 
 
 def _plan_dict(plan: Any) -> dict[str, Any]:

@@ -1,0 +1,457 @@
+"""CPU tests of the benchmark machinery: statistics, bytes, shape table, targets, reports, CLI, timer glue."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import gn_module
+from gn_module import bench, bench_cases, bench_device, bench_impls, bench_report, bench_targets, timing
+from gn_module.bench_cases import MIB, Case
+from gn_module.bench_results import Result
+from gn_module.bench_timer import VirtualClock, install, run_pedantic
+from gn_module.timing import Timing, summarize
+
+SRC = str(Path(gn_module.__file__).resolve().parents[1])
+NO_CUDA = not torch.cuda.is_available()
+
+
+def run_module(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=300, cwd=cwd, check=False
+    )
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_summarize_known_values() -> None:
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (t.median_us, t.mean_us, t.min_us, t.max_us, t.reps) == (3.0, 3.0, 1.0, 5.0, 5)
+    assert (t.q1_us, t.q3_us, t.iqr_us) == (2.0, 4.0, 2.0)
+    even = summarize([4.0, 1.0, 2.0, 3.0])
+    assert even.median_us == 2.5
+    assert even.q1_us == pytest.approx(1.75) and even.q3_us == pytest.approx(3.25)  # numpy's linear rule
+    assert summarize([7.0]).iqr_us == 0.0
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, -0.5], [1.0, math.nan], [math.inf]])
+def test_summarize_rejects_bad_samples(bad: list[float]) -> None:
+    with pytest.raises(ValueError):
+        summarize(bad)
+
+
+def test_quantile_bounds() -> None:
+    assert timing.quantile([1.0, 2.0], 0.0) == 1.0 and timing.quantile([1.0, 2.0], 1.0) == 2.0
+    with pytest.raises(ValueError):
+        timing.quantile([1.0], 1.5)
+
+
+def test_throughput_and_sol() -> None:
+    assert timing.throughput_tbps(4_000_000, 1.0) == pytest.approx(4.0)  # 4 MB in 1 us
+    assert timing.sol_fraction(2_000_000, 1.0, 4.0) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        timing.throughput_tbps(1, 0.0)
+    with pytest.raises(ValueError):
+        timing.sol_fraction(1, 1.0, 0.0)
+
+
+def test_reps_for_budget() -> None:
+    assert timing.reps_for_budget(10.0, 100, 10, None) == 100
+    assert timing.reps_for_budget(10.0, 100, 10, 1.0) == 100  # 1 s holds 100k calls
+    assert timing.reps_for_budget(10_000.0, 100, 10, 0.5) == 50  # 10 ms each: 50 fit
+    assert timing.reps_for_budget(1e6, 100, 10, 0.5) == 10  # never below min_reps
+    assert timing.reps_for_budget(1e6, 3, 10, 0.5) == 3  # min_reps never exceeds reps
+    assert timing.reps_for_budget(900.0, 1000, 1, 0.1, overhead_us=100.0) == 100
+    with pytest.raises(ValueError):
+        timing.reps_for_budget(1.0, 0, 1, None)
+
+
+def test_event_timer_needs_cuda() -> None:
+    if not NO_CUDA:
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        timing.EventTimer()
+
+
+# ---------------------------------------------------------------- shapes and bytes
+
+ISSUE_TEXT = (
+    "1x128x1024x2048 G16; 1x128x1024x1024 G32 +SiLU; 1x256x512x512 G32 +SiLU; 1x512x256x256 G32 +SiLU;\n"
+    "1x512x128x128 G32 +SiLU; 2x320x64x64 G32 +SiLU; 2x640x32x32 G32 +SiLU; 2x1280x16x16 G32 +SiLU; "
+    "32x128x256x256 G32;\n1x128x16x256x256 G32 +SiLU"
+)
+
+
+def test_shape_table_matches_issue_text() -> None:
+    assert bench_cases.parse_table(ISSUE_TEXT) == list(bench_cases.CASES)
+    assert len(bench_cases.CASES) == 10
+    first, last = bench_cases.CASES[0], bench_cases.CASES[-1]
+    assert first == Case((1, 128, 1024, 2048), 16, None) and first.name == "1x128x1024x2048-G16"
+    assert last == Case((1, 128, 16, 256, 256), 32, "silu") and last.name == "1x128x16x256x256-G32-silu"
+    assert sum(c.act == "silu" for c in bench_cases.CASES) == 8
+    assert set(bench_cases.QUICK_NAMES) <= {c.name for c in bench_cases.CASES}
+
+
+@pytest.mark.parametrize(
+    "bad", ["1x128x64 G3", "128x64 G32", "1x128x64x64", "1x128x64x64 G32 +relu", "1x0x4x4 G1", "1x8 G2"]
+)
+def test_parse_case_rejects(bad: str) -> None:
+    with pytest.raises(ValueError):
+        bench_cases.parse_case(bad)
+
+
+def test_parse_table_skips_comments_and_blanks() -> None:
+    cases = bench_cases.parse_table("# header\n\n1x8x4x4 G2  # tiny\n2x16x2x2 G4 +silu; ")
+    assert cases == [Case((1, 8, 4, 4), 2), Case((2, 16, 2, 2), 4, "silu")]
+
+
+def test_select_cases() -> None:
+    assert [c.name for c in bench_cases.select_cases(quick=True)] == list(bench_cases.QUICK_NAMES)
+    assert [c.name for c in bench_cases.select_cases(["2x320", "1X512X128"])] == [
+        "1x512x128x128-G32-silu",
+        "2x320x64x64-G32-silu",
+    ]
+    assert [c.name for c in bench_cases.select_cases(["G16"], quick=True)] == ["1x128x1024x2048-G16"]
+    with pytest.raises(ValueError, match="no benchmark shape"):
+        bench_cases.select_cases(["7x7"])
+
+
+def test_bytes_moved() -> None:
+    c = Case((2, 64, 8, 8), 32)
+    assert c.numel == 8192
+    assert bench_cases.bytes_moved(c, "fp16", "fwd") == 2 * 8192 * 2
+    assert bench_cases.bytes_moved(c, "bf16", "bwd") == 3 * 8192 * 2
+    assert bench_cases.bytes_moved(c, "fp32", "bwd") == 3 * 8192 * 4
+    with pytest.raises(ValueError):
+        bench_cases.bytes_moved(c, "fp16", "sideways")
+    with pytest.raises(ValueError):
+        bench_cases.bytes_moved(c, "int8", "fwd")
+
+
+def test_size_classes_of_the_table() -> None:
+    classes = {c.name: bench_cases.size_class(c.nbytes("fp16")) for c in bench_cases.CASES}
+    assert classes == {
+        "1x128x1024x2048-G16": "large",
+        "1x128x1024x1024-G32-silu": "large",
+        "1x256x512x512-G32-silu": "large",  # exactly 128 MiB
+        "1x512x256x256-G32-silu": "mid",  # exactly 64 MiB
+        "1x512x128x128-G32-silu": "mid",
+        "2x320x64x64-G32-silu": "small",
+        "2x640x32x32-G32-silu": "small",
+        "2x1280x16x16-G32-silu": "small",
+        "32x128x256x256-G32": "large",
+        "1x128x16x256x256-G32-silu": "large",
+    }
+    assert bench_cases.size_class(100 * MIB) is None
+    assert bench_cases.size_class(8 * MIB - 1) == "small" and bench_cases.size_class(8 * MIB) == "mid"
+
+
+# ---------------------------------------------------------------- targets
+
+LARGE = Case((1, 128, 1024, 2048), 16)  # 512 MiB fp16
+SMALL = Case((2, 640, 32, 32), 32, "silu")  # 2.5 MiB fp16
+
+
+def t(us: float) -> Timing:
+    return Timing(us, us, us, us, us, us, 10)
+
+
+def results_for(case: Case, direction: str, times: dict[str, float]) -> list[Result]:
+    return [Result(case, "fp16", direction, impl, t(us)) for impl, us in times.items()]
+
+
+def by_target(checks: list[bench_targets.TargetCheck]) -> dict[str, bench_targets.TargetCheck]:
+    return {c.target: c for c in checks}
+
+
+def test_targets_large_pass_and_miss() -> None:
+    copy_tbps = 4.0
+    nbytes = bench_cases.bytes_moved(LARGE, "fp16", "fwd")
+    sol_us = nbytes / (copy_tbps * 1e12) * 1e6
+    ours = sol_us / 0.7  # 0.70 of SOL: passes 0.62
+    res = results_for(
+        LARGE,
+        "fwd",
+        {"ours-auto": ours, "eager": ours * 6, "compile-cl": ours * 4, "compile-nchw": ours * 0.9},
+    )
+    checks = by_target(bench_targets.check_targets(res, copy_tbps))
+    assert checks["large SOL"].value == pytest.approx(0.7) and checks["large SOL"].passed is True
+    assert checks["x eager"].passed is True
+    assert checks["x compile-cl"].passed is False  # 4x < 5x
+    assert checks["x compile-best"].value == pytest.approx(0.9) and checks["x compile-best"].passed is False
+    assert "x compile-best (<=64MiB)" not in checks and "small us" not in checks
+    assert bench_targets.summarize_checks(list(checks.values())) == {"PASS": 2, "MISS": 2, "n/a": 0}
+
+
+def test_targets_backward_sol_threshold_and_missing_data() -> None:
+    nbytes = bench_cases.bytes_moved(LARGE, "fp16", "bwd")
+    ours = nbytes / 4e12 * 1e6 / 0.6  # 0.60: passes bwd (0.58), would miss fwd (0.62)
+    checks = by_target(bench_targets.check_targets(results_for(LARGE, "bwd", {"ours-auto": ours}), 4.0))
+    assert checks["large SOL"].threshold == 0.58 and checks["large SOL"].passed is True
+    assert set(checks) == {"large SOL"}  # no peers measured: no speedup targets
+    no_copy = by_target(bench_targets.check_targets(results_for(LARGE, "bwd", {"ours-auto": ours}), None))
+    assert no_copy["large SOL"].passed is None and no_copy["large SOL"].status == "n/a"
+
+
+def test_targets_small_latency_and_compile_best() -> None:
+    res = results_for(
+        SMALL, "bwd", {"ours-auto": 9.0, "compile-cl": 40.0, "compile-nchw": 12.0, "eager": 90.0}
+    )
+    res.append(Result(SMALL, "fp16", "bwd", "ours-1pass", None, error="boom"))
+    checks = by_target(bench_targets.check_targets(res, 4.0))
+    assert checks["small us"].passed is True and checks["small us"].threshold == 10.0
+    assert checks["x compile-best"].value == pytest.approx(12 / 9) and checks["x compile-best"].passed is True
+    assert checks["x compile-best (<=64MiB)"].passed is False  # 1.33 < 1.5
+    assert checks["x compile-cl"].passed is False and checks["x eager"].passed is True
+    fwd = by_target(bench_targets.check_targets(results_for(SMALL, "fwd", {"ours-auto": 6.5}), 4.0))
+    assert fwd["small us"].passed is False and fwd["small us"].margin == pytest.approx(6 / 6.5)
+
+
+def test_targets_compile_error_is_not_a_pass() -> None:
+    res = results_for(SMALL, "fwd", {"ours-auto": 5.0})
+    res.append(Result(SMALL, "fp16", "fwd", "compile-cl", None, error="compile failed"))
+    checks = by_target(bench_targets.check_targets(res, 4.0))
+    assert checks["x compile-best"].passed is None and checks["x compile-cl"].passed is None
+
+
+# ---------------------------------------------------------------- reports
+
+
+def sample_report() -> bench_report.Report:
+    results = results_for(LARGE, "fwd", {"ours-auto": 600.0, "ours-1pass": 320.0, "eager": 2000.0})
+    results[0].plan = {"schedule": 2, "grid": 8192, "overflow_tiles": 0}
+    results += results_for(SMALL, "bwd", {"ours-auto": 8.0, "eager": 100.0, "compile-nchw": 20.0})
+    results.append(Result(SMALL, "fp16", "bwd", "compile-cl", None, error="RuntimeError: nope"))
+    copy = {"nbytes": 1 << 30, "moved_bytes": 2 << 30, "tbps": 4.0}
+    return bench_report.Report(
+        date="2026-12-01 10:00 UTC",
+        command="python -m gn_module.bench --quick",
+        device={
+            "cuda": True,
+            "name": "NVIDIA H200",
+            "sm_count": 132,
+            "compute_capability": "9.0",
+            "torch": "x",
+        },
+        copy=copy,
+        results=results,
+        checks=bench_targets.check_targets(results, 4.0),
+        settings={"reps": 30},
+    )
+
+
+def test_table_rows() -> None:
+    report = sample_report()
+    header, rows = bench_report.table_rows(report.results, report.copy_tbps)
+    assert header[:7] == ["shape", "dtype", "dir", "MiB", "ours auto us", "TB/s", "SOL"]
+    assert "compile CL us" in header and "ours 2-pass us" not in header  # only measured implementations
+    assert len(rows) == 2 and all(len(r) == len(header) for r in rows)
+    large = dict(zip(header, rows[0], strict=True))
+    assert large["MiB"] == "512.0" and large["ours auto us"] == "600.0" and large["eager CL us"] == "2000"
+    assert large["TB/s"] == f"{2 * (512 << 20) / 600e-6 / 1e12:.2f}"
+    assert large["SOL"] == f"{2 * (512 << 20) / 600e-6 / 1e12 / 4.0:.2f}"
+    assert large["x eager"] == "3.3" and large["auto plan"] == "2p grid 8192"
+    small = dict(zip(header, rows[1], strict=True))
+    assert (
+        small["compile CL us"] == "err"
+        and small["x compile best"] == "2.50"
+        and small["ours 1-pass us"] == "-"
+    )
+
+
+def test_console_and_markdown() -> None:
+    report = sample_report()
+    text = bench_report.render_console(report)
+    assert "RuntimeError: nope" in text and "Speed targets" in text and "MISS" in text
+    md = bench_report.render_markdown_report(report)
+    assert "2026-12-01 10:00 UTC" in md and "`python -m gn_module.bench --quick`" in md
+    assert "NVIDIA H200, 132 SMs" in md and "4.000 TB/s" in md
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + 2 and table[1].startswith("|---")
+    assert len({line.count("|") for line in table}) == 1  # every row has the header's column count
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "out.json"
+    bench_report.write_json(sample_report(), path)
+    data = json.loads(path.read_text())
+    assert data["copy_bandwidth"]["tbps"] == 4.0 and data["device"]["name"] == "NVIDIA H200"
+    first = data["results"][0]
+    assert first["impl"] == "ours-auto" and first["bytes"] == 2 * (512 << 20)
+    assert first["sol_fraction"] == pytest.approx(first["tbps"] / 4.0) and first["size_class"] == "large"
+    assert first["timing_us"]["median_us"] == 600.0 and first["plan"]["grid"] == 8192
+    assert data["targets_summary"]["MISS"] >= 1 and any(r["error"] for r in data["results"])
+
+
+def test_plot(tmp_path: Path) -> None:
+    path = tmp_path / "chart.png"
+    wrote = bench_report.write_plot(sample_report(), path)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert wrote is False and not path.exists()
+    else:
+        assert wrote is True and path.stat().st_size > 1000
+
+
+# ---------------------------------------------------------------- device info
+
+
+def test_parse_smi_line() -> None:
+    info = bench_device.parse_smi_line("570.86.15, 1980, 3201, 1980, 3201, 700.00")
+    assert info["driver_version"] == "570.86.15" and info["max_sm_clock_mhz"] == "1980"
+    assert "power_limit_w" not in bench_device.parse_smi_line("570.1, 1980, 3201, 1980, 3201, [N/A]")
+    with pytest.raises(ValueError):
+        bench_device.parse_smi_line("570.1, 1980")
+
+
+def test_device_label_without_cuda() -> None:
+    assert "no CUDA" in bench_device.device_label({"cuda": False, "torch": "2.x"})
+    if NO_CUDA:
+        assert bench_device.device_info()["cuda"] is False
+
+
+# ---------------------------------------------------------------- what is timed (on the CPU)
+
+TINY = Case((2, 8, 3, 5), 4, "silu")
+
+
+def test_prepare_eager_and_ours_forward_agree_on_cpu() -> None:
+    eager = bench_impls.prepare("eager", TINY, "fp32", "fwd", "cpu")
+    ours = bench_impls.prepare("ours-auto", TINY, "fp32", "fwd", "cpu")  # CPU: gn_module's native path
+    x = eager.tensors[0]
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    ref = torch.nn.functional.silu(torch.nn.functional.group_norm(x, 4, eager.tensors[1], eager.tensors[2]))
+    torch.testing.assert_close(eager.fn(), ref)
+    torch.testing.assert_close(ours.fn(), ref)
+
+
+def test_prepare_backward_times_autograd_grad_repeatedly() -> None:
+    p = bench_impls.prepare("eager", TINY, "fp32", "bwd", "cpu")
+    first = p.fn()
+    second = p.fn()  # retain_graph: the timed call can repeat
+    assert [g.shape for g in first] == [torch.Size(TINY.shape), torch.Size([8]), torch.Size([8])]
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_compiled_backward_repeats_and_matches_eager_on_cpu() -> None:
+    """torch.compile's backward under retain_graph (donated buffers off), both layouts, same dy as eager."""
+    eager = bench_impls.prepare("eager", TINY, "fp32", "bwd", "cpu").fn()
+    for impl in ("compile-cl", "compile-nchw"):
+        p = bench_impls.prepare(impl, TINY, "fp32", "bwd", "cpu")
+        p.fn()
+        for got, want in zip(p.fn(), eager, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    fwd = bench_impls.prepare("compile-nchw", TINY, "fp32", "fwd", "cpu")
+    assert fwd.tensors[0].is_contiguous()
+    eager_fwd = bench_impls.prepare("eager", TINY, "fp32", "fwd", "cpu").fn()
+    torch.testing.assert_close(fwd.fn(), eager_fwd, rtol=1e-4, atol=1e-5)
+
+
+def test_prepare_5d_and_errors() -> None:
+    p = bench_impls.prepare("eager", Case((1, 4, 2, 3, 3), 2), "fp32", "fwd", "cpu")
+    assert p.tensors[0].is_contiguous(memory_format=torch.channels_last_3d)
+    nchw = bench_impls.make_inputs(TINY, "fp32", "cpu")[0].contiguous()
+    assert nchw.is_contiguous()
+    with pytest.raises(ValueError, match="implementation"):
+        bench_impls.make_op("apex", TINY)
+    with pytest.raises(ValueError, match="direction"):
+        bench_impls.prepare("eager", TINY, "fp32", "up", "cpu")
+    with pytest.raises(ValueError, match="dtype"):
+        bench_impls.torch_dtype("fp8")
+
+
+def test_run_case_reports_errors_instead_of_raising() -> None:
+    if not NO_CUDA:
+        pytest.skip("this machine has CUDA")
+    settings = {"compile_mode": None, "reps": 3, "warmup": 1, "min_reps": 1, "max_seconds": 0.1}
+    r = bench.run_case("eager", TINY, "fp32", "fwd", "cpu", settings, None)
+    assert r.timing is None and "CUDA" in r.error and r.setup_s is not None
+
+
+# ---------------------------------------------------------------- the pytest-benchmark timer glue
+
+
+def test_virtual_clock() -> None:
+    clock = VirtualClock()
+    start = clock()
+    clock.advance(2e-6)
+    assert clock() - start == pytest.approx(2e-6) and clock.samples_s == [2e-6]
+    with pytest.raises(ValueError):
+        clock.advance(-1.0)
+    with pytest.raises(RuntimeError, match="_timer"):
+        install(object(), clock)
+
+
+def test_pytest_benchmark_records_virtual_clock_times(tmp_path: Path) -> None:
+    """Against the installed pytest-benchmark: its statistics are exactly the durations we report."""
+    (tmp_path / "test_vc.py").write_text(
+        textwrap.dedent(
+            """
+            import itertools
+            import pytest
+            from gn_module.bench_timer import run_pedantic
+
+            def test_fake_gpu(benchmark):
+                durations = itertools.cycle([10.0, 30.0, 20.0, 40.0, 50.0])
+                samples = run_pedantic(benchmark, lambda: next(durations), rounds=5)
+                assert samples == pytest.approx([10.0, 30.0, 20.0, 40.0, 50.0])
+            """
+        )
+    )
+    out = tmp_path / "bench.json"
+    proc = run_module(
+        "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:gn", f"--benchmark-json={out}",
+        "test_vc.py", cwd=str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stats = json.loads(out.read_text())["benchmarks"][0]["stats"]
+    assert stats["rounds"] == 5 and stats["iterations"] == 1
+    assert stats["median"] == pytest.approx(30e-6) and stats["min"] == pytest.approx(10e-6)
+    assert stats["max"] == pytest.approx(50e-6) and stats["mean"] == pytest.approx(30e-6)
+
+
+def test_run_pedantic_rejects_zero_rounds() -> None:
+    with pytest.raises(ValueError):
+        run_pedantic(object(), lambda: 1.0, 0)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_help_works_without_cuda() -> None:
+    proc = run_module("-m", "gn_module.bench", "--help")
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--shapes", "--dtypes", "--quick", "--json", "--markdown", "--plot", "exit status 3"):
+        assert flag in proc.stdout
+    assert "1x128x16x256x256-G32-silu" in proc.stdout
+
+
+def test_without_cuda_exits_3_with_a_clear_message() -> None:
+    if not NO_CUDA:
+        pytest.skip("this machine has CUDA")
+    proc = run_module("-m", "gn_module.bench", "--quick")
+    assert proc.returncode == bench.EXIT_NO_CUDA == 3
+    assert "no CUDA device" in proc.stderr and "Nothing was measured" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--dtypes", "fp64"], ["--impls", "apex"], ["--shapes", "9x9"], ["--reps", "0"], ["--directions", ""]],
+)
+def test_bad_arguments_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.main(args)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
