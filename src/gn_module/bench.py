@@ -146,9 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from gn_module import bench_report
     from gn_module.bench_device import device_info, device_label
-    from gn_module.timing import EventTimer, copy_bandwidth
+    from gn_module.timing import EventTimer, copy_bandwidth, cuda_device
 
-    device = torch.device(args.device)
+    try:
+        device = cuda_device(args.device)
+    except (RuntimeError, ValueError) as exc:
+        parser.error(f"--device: {exc}")
     torch.cuda.set_device(device)
     info = device_info(device)
     print(f"device: {device_label(info)}", flush=True)

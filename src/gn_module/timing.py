@@ -118,6 +118,15 @@ def _torch() -> Any:
     return torch
 
 
+def cuda_device(device: Any = None) -> Any:
+    """A CUDA torch.device with an explicit index (None, "cuda" -> the current device)."""
+    torch = _torch()
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"expected a CUDA device, got {dev}")
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def l2_cache_bytes(device: Any = None) -> int:
     """L2 size the device reports (a fallback when the property is absent)."""
     torch = _torch()
@@ -131,9 +140,7 @@ class EventTimer:
     def __init__(self, device: Any = None, *, flush: bool = True) -> None:
         torch = _torch()
         self.torch = torch
-        self.device = (
-            torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        )
+        self.device = cuda_device(device)
         self.flush_bytes = FLUSH_L2_MULTIPLE * l2_cache_bytes(self.device) if flush else 0
         self._flush_buf = (
             torch.empty(self.flush_bytes // 4, dtype=torch.float32, device=self.device).fill_(1.0)
