@@ -455,3 +455,52 @@ def test_bad_arguments_exit_2(args: list[str], capsys: pytest.CaptureFixture[str
         bench.main(args)
     assert exc.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_main_end_to_end_with_a_fake_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole CLI flow (prepare, time, table, targets, JSON, Markdown) with the GPU parts faked."""
+
+    class FakeTimer:
+        can_delay = True
+        delay_us = 20.0
+
+        def __init__(self, device: object, flush: bool = True) -> None:
+            self.device = device
+
+    calls: list[str] = []
+
+    def fake_time_cuda(fn: object, **kwargs: object) -> Timing:
+        fn()  # the prepared call really runs (on the CPU)
+        calls.append("t")
+        return t(4.0 if len(calls) % 2 else 40.0)  # ours-auto 4 us, eager 40 us
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(timing, "cuda_device", lambda d: torch.device("cpu"))
+    monkeypatch.setattr(timing, "EventTimer", FakeTimer)
+    monkeypatch.setattr(timing, "time_cuda", fake_time_cuda)
+    monkeypatch.setattr(
+        timing, "copy_bandwidth", lambda n, timer: timing.CopyBandwidth(n, t(2 * n / 4e12 * 1e6))
+    )
+    monkeypatch.setattr(
+        bench_device, "device_info", lambda d: {"cuda": True, "name": "Fake GPU", "sm_count": 2}
+    )
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    args = ["--shapes", "2x1280", "--dtypes", "fp32", "--impls", "ours-auto,eager", "--copy-mib", "1"]
+    assert bench.main([*args, "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    printed = capsys.readouterr().out
+    assert "copy bandwidth (SOL): 4.000 TB/s" in printed and "Speed targets" in printed
+    data = json.loads(out_json.read_text())
+    assert len(data["results"]) == 4 and len(calls) == 4  # fwd, bwd x ours-auto, eager
+    assert {(r["direction"], r["impl"]) for r in data["results"]} == {
+        (d, i) for d in ("fwd", "bwd") for i in ("ours-auto", "eager")
+    }
+    assert data["settings"]["dtypes"] == "fp32" and data["command"].endswith("--markdown " + str(out_md))
+    by = {c["target"] + c["direction"]: c for c in data["targets"]}
+    assert by["small usfwd"]["passed"] is True and by["small usbwd"]["passed"] is True  # 4 us
+    assert by["x eagerfwd"]["value"] == pytest.approx(10.0)
+    md = out_md.read_text()
+    assert "Fake GPU" in md and "| 2x1280x16x16-G32-silu | fp32 | fwd |" in md
