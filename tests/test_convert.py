@@ -172,6 +172,7 @@ def test_revert_restores_original_objects_and_unfuses():
     ref = copy.deepcopy(model)
     model, _ = convert_groupnorm(model)
     model, report = revert_groupnorm(model)
+    assert str(report).startswith("reverted 4, unfused 2, already 2, skipped 0")  # 2 never converted
     assert sorted(report.fused) == ["layers.0.1", "stem.1"]
     assert sorted(report.swapped) == ["heads.a", "layers.0.1", "layers.1.0", "stem.1"]
     now = {n: m for n, m in model.named_modules() if isinstance(m, nn.GroupNorm | nn.SiLU)}

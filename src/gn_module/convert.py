@@ -76,12 +76,14 @@ class ConversionReport:
     fused: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    reverted: bool = False  # made by revert_groupnorm: only changes the wording of str()
 
     def summary(self) -> dict[str, int]:
         return {name: len(getattr(self, name)) for name in ("swapped", "fused", "already", "skipped")}
 
     def __str__(self) -> str:
-        counts = ", ".join(f"{k} {v}" for k, v in self.summary().items())
+        words = {"swapped": "reverted", "fused": "unfused"} if self.reverted else {}
+        counts = ", ".join(f"{words.get(k, k)} {v}" for k, v in self.summary().items())
         lines = [counts] + [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
 
@@ -116,6 +118,7 @@ def revert_groupnorm(module: nn.Module) -> tuple[nn.Module, ConversionReport]:
     if not isinstance(module, nn.Module):
         raise TypeError(f"revert_groupnorm(): expected an nn.Module, got {type(module).__name__}")
     walker = _Reverter(module)
+    walker.report.reverted = True
     return walker.visit(module, ""), walker.report
 
 
