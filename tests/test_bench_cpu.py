@@ -504,3 +504,42 @@ def test_main_end_to_end_with_a_fake_gpu(
     assert by["x eagerfwd"]["value"] == pytest.approx(10.0)
     md = out_md.read_text()
     assert "Fake GPU" in md and "| 2x1280x16x16-G32-silu | fp32 | fwd |" in md
+
+
+def test_plan_info_and_launch_record_with_a_fake_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+    import types
+
+    from gn_module import ops
+
+    seen: list[tuple] = []
+
+    def fake_plan(shape, groups, dtype, direction, schedule, device=None):  # type: ignore[no-untyped-def]
+        seen.append((tuple(shape), groups, dtype, direction, schedule))
+        return types.SimpleNamespace(schedule=1 if schedule == "auto" else schedule, grid=132, tiles=400,
+                                     overflow_tiles=268, residency=132, waves=4, cap=None)  # fmt: skip
+
+    monkeypatch.setattr(ops, "plan", fake_plan, raising=False)
+    info = bench_impls.plan_info("ours-auto", TINY, "fp16", "bwd", "cpu")
+    assert info == {"schedule": 1, "grid": 132, "tiles": 400, "overflow_tiles": 268, "residency": 132,
+                    "waves": 4, "cap": None}  # fmt: skip
+    assert seen == [((2, 8, 3, 5), 4, torch.float16, "bwd", "auto")]
+    assert bench_impls.plan_info("ours-2pass", TINY, "fp16", "fwd", "cpu")["schedule"] == 2
+
+    state: dict = {}
+
+    @contextlib.contextmanager
+    def recording():  # type: ignore[no-untyped-def]
+        state["rec"] = {}
+        yield state["rec"]
+
+    calls: list[int] = []
+
+    def fn() -> None:  # a launch fills the active record, as ops._run does
+        calls.append(1)
+        state["rec"]["fwd"] = {"grid": 132, "tiles_applied": 400, "plan": object()}
+
+    monkeypatch.setattr(ops, "launch_record", recording, raising=False)
+    plan = bench_impls.with_launch({"schedule": 1}, fn, "fwd")
+    assert calls == [1] and plan == {"schedule": 1, "launched": {"grid": 132, "tiles_applied": 400}}
+    assert bench_impls.with_launch(None, fn, "fwd") is None and calls == [1]

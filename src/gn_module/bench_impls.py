@@ -138,7 +138,7 @@ def prepare(
             with torch.no_grad():
                 return op(x, weight, bias)
 
-        return Prepared(forward, plan, (x, weight, bias))
+        return Prepared(forward, with_launch(plan, forward, direction), (x, weight, bias))
     leaves = tuple(t.requires_grad_() for t in (x, weight, bias))
     y = op(*leaves)
     # the same logical dy for every impl (drawn channels_last), stored with y's strides
@@ -149,7 +149,32 @@ def prepare(
     def backward() -> object:
         return torch.autograd.grad(y, leaves, dy, retain_graph=True)
 
-    return Prepared(backward, plan, (*leaves, y, dy))
+    return Prepared(backward, with_launch(plan, backward, direction), (*leaves, y, dy))
+
+
+def with_launch(
+    plan: dict[str, Any] | None, fn: Callable[[], object], direction: str
+) -> dict[str, Any] | None:
+    """Add what the kernels really launched for one call of `fn` (ours only; via ops.launch_record).
+
+    Counts as a warm-up call. Errors are left for the timing to report.
+    """
+    if plan is None:
+        return None
+    try:
+        from gn_module import ops
+
+        with ops.launch_record() as record:
+            fn()
+        entry = record.get(direction)
+    except Exception:
+        return plan
+    if isinstance(entry, dict):
+        plan = {
+            **plan,
+            "launched": {k: v for k, v in entry.items() if isinstance(v, (int, float, str, bool))},
+        }
+    return plan
 
 
 def _cl(x: Any) -> Any:
