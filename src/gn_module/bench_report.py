@@ -228,10 +228,18 @@ def write_plot(report: Report, path: str | Path) -> bool:
                 if pts:
                     xs, ys = zip(*pts, strict=True)
                     style = "-" if impl == OURS else ":" if impl.startswith("ours") else "--"
-                    ax.plot(xs, ys, style, marker=markers.get(dtype, "x"), label=f"{LABELS[impl]} {dtype}")
+                    ax.plot(
+                        xs,
+                        ys,
+                        style,
+                        color=f"C{IMPLS.index(impl)}",  # one color per implementation in every panel
+                        marker=markers.get(dtype, "x"),
+                        label=f"{LABELS[impl]} {dtype}",
+                    )
         if report.copy_tbps:
             ax.axhline(report.copy_tbps, color="k", linewidth=0.8, label="copy bandwidth (SOL)")
         ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("tensor size (MiB)")
         ax.set_ylabel("TB/s (minimum bytes / median time)")
         ax.set_title(f"GroupNorm {direction}, {report.device.get('name', '')}")
