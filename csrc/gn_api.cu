@@ -5,7 +5,7 @@
 
 namespace gn {
 
-__global__ void __launch_bounds__(kThreads, kMinBlocks) level_reduce(GnArgs a, int level) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksForward) level_reduce(GnArgs a, int level) {
   level_items(a, level, (int64_t)blockIdx.x * kThreads + threadIdx.x, (int64_t)gridDim.x * kThreads);
 }
 
@@ -34,16 +34,16 @@ __global__ void report_arch(int* out) {
 extern "C" {
 
 int gn_onepass_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm) {
-  const cudaError_t err = cudaSetDevice(device);
-  if (err != cudaSuccess) return err;
+  const gn::DeviceGuard guard(device);
+  if (guard.status() != cudaSuccess) return guard.status();
   return direction == 0 ? gn::forward_occupancy(dtype, vec, smem, blocks_per_sm)
                         : gn::backward_occupancy(dtype, vec, smem, blocks_per_sm);
 }
 
 int gn_kernel_attributes(int device, int kind, int dtype, int vec, int* regs, int* static_smem,
                          int* local_bytes) {
-  const cudaError_t err = cudaSetDevice(device);
-  if (err != cudaSuccess) return err;
+  const gn::DeviceGuard guard(device);
+  if (guard.status() != cudaSuccess) return guard.status();
   if (kind == gn::kLevelReduce) return gn::level_attributes(regs, static_smem, local_bytes);
   if (kind >= gn::kFwdTiles && kind <= gn::kFwdCombine)
     return gn::forward_attributes(kind, dtype, vec, regs, static_smem, local_bytes);
@@ -53,10 +53,10 @@ int gn_kernel_attributes(int device, int kind, int dtype, int vec, int* regs, in
 }
 
 int gn_runtime_arch(int device, int* arch) {
+  const gn::DeviceGuard guard(device);
+  if (guard.status() != cudaSuccess) return guard.status();
   int* d = nullptr;
-  cudaError_t err = cudaSetDevice(device);
-  if (err != cudaSuccess) return err;
-  err = cudaMalloc(&d, sizeof(int));
+  cudaError_t err = cudaMalloc(&d, sizeof(int));
   if (err != cudaSuccess) return err;
   gn::report_arch<<<1, 1>>>(d);
   err = cudaGetLastError();

@@ -5,19 +5,19 @@
 namespace gn {
 
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) bwd_tiles(GnArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksBackward) bwd_tiles(GnArgs a) {
   bwd_tile<T, V>(a, blockIdx.x, nullptr, nullptr, scratch_region(0, 0));
   record(a, 1, 1);
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
 
-__global__ void __launch_bounds__(kThreads, kMinBlocks) bwd_combine(GnArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksBackward) bwd_combine(GnArgs a) {
   bwd_combine_items(a, (int64_t)blockIdx.x * kWarps + threadIdx.x / 32, (int64_t)gridDim.x * kWarps);
 }
 
 // Tiles in reverse order (L2 still holds the last ones read); the first warps also finish dgamma/dbeta.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) bwd_apply(GnArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksBackward) bwd_apply(GnArgs a) {
   const int64_t tiles = a.n * a.tiles_per_slice;
   bwd_param_items(a, (int64_t)blockIdx.x * kWarps + threadIdx.x / 32, (int64_t)gridDim.x * kWarps);
   bwd_apply_tile<T, V>(a, tiles - 1 - blockIdx.x, nullptr, nullptr);
@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) bwd_apply(GnArgs a) {
 }
 
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) bwd_onepass(GnArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) bwd_onepass(GnArgs a) {
   cg::grid_group grid = cg::this_grid();
   const int64_t tiles = a.n * a.tiles_per_slice;
   const int64_t tile_bytes = a.rows_per_tile * a.c * static_cast<int64_t>(sizeof(T));
@@ -107,8 +107,9 @@ int backward_attributes(int kind, int dtype, int vec, int* regs, int* smem, int*
 }  // namespace gn
 
 extern "C" int gn_backward(const GnArgs* args, void* stream) {
-  const cudaError_t err = cudaSetDevice(args->device);
-  if (err != cudaSuccess) return err;
+  if (args->fanin != gn::kFanin) return cudaErrorInvalidValue;  // schedule.FANIN disagrees
+  const gn::DeviceGuard guard(args->device);
+  if (guard.status() != cudaSuccess) return guard.status();
   return gn::visit_config(args->dtype, args->vec, [&](auto cfg) {
     return gn::launch_backward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
   });

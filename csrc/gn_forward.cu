@@ -6,20 +6,20 @@ namespace gn {
 
 // Two-pass phase 1: one block per tile.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) fwd_tiles(GnArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksForward) fwd_tiles(GnArgs a) {
   fwd_tile<T, V>(a, blockIdx.x, nullptr, scratch_region(0, 0));
   record(a, 1, 1);
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) fwd_combine(GnArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksForward) fwd_combine(GnArgs a) {
   fwd_combine_items<T>(a, (int64_t)blockIdx.x * kWarps + threadIdx.x / 32, (int64_t)gridDim.x * kWarps);
 }
 
 // Two-pass phase 2: tiles in reverse order, so the tiles read last in phase 1 (still in L2) go first.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) fwd_apply(GnArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksForward) fwd_apply(GnArgs a) {
   const int64_t tiles = a.n * a.tiles_per_slice;
   fwd_apply_tile<T, V>(a, tiles - 1 - blockIdx.x, nullptr);
   record(a, 2, 1);
@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) fwd_apply(GnArgs a) {
 // One launch, all phases. Each block keeps the last tile it reads on chip; overflow tiles (when
 // the grid is smaller than the tile count) are read again in the apply phase, newest first.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) fwd_onepass(GnArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArgs a) {
   cg::grid_group grid = cg::this_grid();
   const int64_t tiles = a.n * a.tiles_per_slice;
   const int64_t tile_bytes = a.rows_per_tile * a.c * static_cast<int64_t>(sizeof(T));
@@ -106,8 +106,9 @@ int forward_attributes(int kind, int dtype, int vec, int* regs, int* smem, int* 
 }  // namespace gn
 
 extern "C" int gn_forward(const GnArgs* args, void* stream) {
-  const cudaError_t err = cudaSetDevice(args->device);
-  if (err != cudaSuccess) return err;
+  if (args->fanin != gn::kFanin) return cudaErrorInvalidValue;  // schedule.FANIN disagrees
+  const gn::DeviceGuard guard(args->device);
+  if (guard.status() != cudaSuccess) return guard.status();
   return gn::visit_config(args->dtype, args->vec, [&](auto cfg) {
     return gn::launch_forward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
   });

@@ -18,8 +18,15 @@ namespace gn {
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
-// Without a floor on blocks per SM ptxas trades registers for spills; 1 lets it keep everything in registers.
-constexpr int kMinBlocks = 1;
+// Register budgets, as blocks of kThreads that must fit on one SM (ptxas then caps registers at
+// 64K / (blocks * kThreads)). Chosen as the tightest budgets that compile without spills for
+// 16-byte vectors on every arch (tests/test_multiarch_compile.py checks): the forward keeps
+// 3 x 8 floats per channel group in registers, the backward 6 x 8.
+constexpr int kMinBlocksForward = 3;
+constexpr int kMinBlocksBackward = 2;
+constexpr int kMinBlocksOnepass = 2;
+// Partials summed by one level item; must equal gn_module.schedule.FANIN (checked at launch).
+constexpr int kFanin = 32;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -85,6 +92,17 @@ struct Lane {
       : col(threadIdx.x % a.cols_threads), row(threadIdx.x / a.cols_threads),
         active(threadIdx.x / a.cols_threads < a.rows_threads) {}
 };
+
+// Group of each of a thread's V channels starting at c0. 32-bit division (channel counts fit),
+// and only two divisions when all V channels fall into one group (the common case).
+template <int V>
+__device__ __forceinline__ void groups_of(const GnArgs& a, int64_t c0, int (&g)[V]) {
+  const int d = static_cast<int>(a.c) / static_cast<int>(a.g);
+  const int c = static_cast<int>(c0);
+  const int first = c / d, last = (c + V - 1) / d;
+#pragma unroll
+  for (int v = 0; v < V; ++v) g[v] = first == last ? first : (c + v) / d;
+}
 
 __device__ __forceinline__ float2* partials(const GnArgs& a) {
   return reinterpret_cast<float2*>(a.workspace + a.off_partials);
@@ -162,7 +180,6 @@ template <typename T, int V>
 __device__ void fwd_tile(const GnArgs& a, int64_t tile_id, T* keep, float* scratch) {
   const Tile tile(a, tile_id);
   const Lane lane(a);
-  const int64_t d = a.c / a.g;
   const T* x = static_cast<const T*>(a.x) + tile.offset(a);
   const T* row0 = static_cast<const T*>(a.x) + tile.n * a.s * a.c;
   float2* out = partials(a) + (tile.n * a.tiles_per_slice + tile.t) * a.c;
@@ -170,11 +187,13 @@ __device__ void fwd_tile(const GnArgs& a, int64_t tile_id, T* keep, float* scrat
     const int64_t j = static_cast<int64_t>(chunk) * a.cols_threads + lane.col;
     const bool valid = lane.active && j * V < a.c;
     float shift[V], s1[V], s2[V];
+    int grp[V];
+    groups_of<V>(a, j * V, grp);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       s1[v] = 0.f;
       s2[v] = 0.f;
-      shift[v] = valid ? to_float(row0[((j * V + v) / d) * d]) : 0.f;
+      shift[v] = valid ? to_float(row0[static_cast<int64_t>(grp[v]) * (a.c / a.g)]) : 0.f;
     }
     if (valid) {
 #pragma unroll 4
@@ -193,6 +212,25 @@ __device__ void fwd_tile(const GnArgs& a, int64_t tile_id, T* keep, float* scrat
   }
 }
 
+// Sum of count <= kFanin partials at stride `stride`, sequential in t. Loads are issued in
+// batches before the adds (fixed trip counts, predicated): two memory latencies per item.
+__device__ __forceinline__ float2 sum_tiles(const float2* p, int64_t stride, int64_t count) {
+  constexpr int kBatch = kFanin / 4;
+  float2 acc = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int b = 0; b < kFanin; b += kBatch) {
+    float2 v[kBatch];
+#pragma unroll
+    for (int t = 0; t < kBatch; ++t) v[t] = b + t < count ? p[(b + t) * stride] : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int t = 0; t < kBatch; ++t) {
+      acc.x += v[t].x;
+      acc.y += v[t].y;
+    }
+  }
+  return acc;
+}
+
 // One level: out[n, t', c] = sum of in[n, t'*F .. t'*F+F-1, c], sequential over t.
 __device__ inline void level_items(const GnArgs& a, int level, int64_t first, int64_t stride) {
   const float2* in = (level % 2) ? level_buffer(a) : partials(a);
@@ -204,28 +242,15 @@ __device__ inline void level_items(const GnArgs& a, int level, int64_t first, in
     const int64_t c = i % a.c;
     const int64_t rest = i / a.c;
     const int64_t to = rest % t_out, n = rest / t_out;
-    const int64_t t_end = min(t_in, (to + 1) * a.fanin);
-    float2 acc = make_float2(0.f, 0.f);
-    for (int64_t t = to * a.fanin; t < t_end; ++t) {
-      const float2 p = in[(n * t_in + t) * a.c + c];
-      acc.x += p.x;
-      acc.y += p.y;
-    }
-    out[(n * t_out + to) * a.c + c] = acc;
+    out[(n * t_out + to) * a.c + c] = sum_tiles(in + (n * t_in + to * kFanin) * a.c + c, a.c,
+                                                 min(t_in - to * kFanin, static_cast<int64_t>(kFanin)));
   }
 }
 
 // Sums of one (n, c) over the partials left after the levels, sequential over t.
 __device__ __forceinline__ float2 channel_total(const GnArgs& a, int64_t n, int64_t c) {
-  const float2* in = final_partials(a);
-  const int64_t tiles = final_tiles(a);
-  float2 acc = make_float2(0.f, 0.f);
-  for (int64_t t = 0; t < tiles; ++t) {
-    const float2 p = in[(n * tiles + t) * a.c + c];
-    acc.x += p.x;
-    acc.y += p.y;
-  }
-  return acc;
+  const int64_t tiles = final_tiles(a);  // <= kFanin after the levels
+  return sum_tiles(final_partials(a) + n * tiles * a.c + c, a.c, tiles);
 }
 
 __device__ __forceinline__ float2 warp_sum(float2 v) {
@@ -266,17 +291,18 @@ __device__ void fwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep) 
   const Tile tile(a, tile_id);
   const Lane lane(a);
   if (!lane.active) return;
-  const int64_t d = a.c / a.g;
   const T* x = static_cast<const T*>(a.x) + tile.offset(a);
   T* y = static_cast<T*>(a.out) + tile.offset(a);
   for (int chunk = 0; chunk < a.col_chunks; ++chunk) {
     const int64_t j = static_cast<int64_t>(chunk) * a.cols_threads + lane.col;
     if (j * V >= a.c) continue;
     float mean[V], scale[V], beta[V];
+    int grp[V];
+    groups_of<V>(a, j * V, grp);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const int64_t c = j * V + v;
-      const int64_t ng = tile.n * a.g + c / d;
+      const int64_t ng = tile.n * a.g + grp[v];
       mean[v] = a.mean[ng];
       scale[v] = a.rstd[ng] * load_param(a.weight, a.w_dtype, c, 1.f);
       beta[v] = load_param(a.bias, a.w_dtype, c, 0.f);
@@ -307,11 +333,12 @@ struct ChannelCoef {
 
 template <int V>
 __device__ __forceinline__ void load_coefs(const GnArgs& a, int64_t n, int64_t c0, ChannelCoef (&k)[V]) {
-  const int64_t d = a.c / a.g;
+  int grp[V];
+  groups_of<V>(a, c0, grp);
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int64_t c = c0 + v;
-    const int64_t ng = n * a.g + c / d;
+    const int64_t ng = n * a.g + grp[v];
     k[v].mean = a.mean[ng];
     k[v].rstd = a.rstd[ng];
     k[v].gamma = load_param(a.weight, a.w_dtype, c, 1.f);
@@ -418,10 +445,12 @@ __device__ void bwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep_x
     if (j * V >= a.c) continue;
     ChannelCoef k[V];
     float ga[V], gb[V];
+    int grp[V];
     load_coefs<V>(a, tile.n, j * V, k);
+    groups_of<V>(a, j * V, grp);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      const float2 gs = group_sums(a)[tile.n * a.g + (j * V + v) / d];
+      const float2 gs = group_sums(a)[tile.n * a.g + grp[v]];
       ga[v] = gs.x * inv_count;
       gb[v] = gs.y * inv_count;
     }

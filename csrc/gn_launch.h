@@ -19,6 +19,25 @@ enum KernelKind {
   kBwdCombine = 8,
 };
 
+// Makes `device` current for the scope and restores the caller's device after, so a launch on
+// cuda:1 does not change the current device that torch (sharing the driver context) sees.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    status_ = cudaGetDevice(&previous_);
+    if (status_ == cudaSuccess && previous_ != device) status_ = cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  cudaError_t status_;
+};
+
 int launch_levels(const GnArgs& a, cudaStream_t stream);
 int level_attributes(int* regs, int* smem, int* local);
 int forward_occupancy(int dtype, int vec, int smem, int* blocks);

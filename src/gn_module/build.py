@@ -149,7 +149,9 @@ def _ninja() -> str:
         raise BuildError("gn_module: ninja is required to build the kernels (pip install ninja)") from exc
 
 
-def build(variant: str | None = None, device_cc: tuple[int, int] | None = None, *, quiet: bool = False) -> Path:
+def build(
+    variant: str | None = None, device_cc: tuple[int, int] | None = None, *, quiet: bool = False
+) -> Path:
     """Build (or find in the cache) the library for `variant`; returns the .so path."""
     nvcc = find_nvcc()
     src = csrc_dir()

@@ -26,7 +26,9 @@ def check_args(
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"group_norm(): expected input to be a Tensor, got {type(x).__name__}")
     if x.dim() < 2:
-        raise ValueError(f"group_norm(): expected input with at least 2 dimensions, got input of size {list(x.shape)}")
+        raise ValueError(
+            f"group_norm(): expected input with at least 2 dimensions, got input of size {list(x.shape)}"
+        )
     if not (x.is_floating_point()):
         raise TypeError(f"group_norm(): expected a floating-point input, got {x.dtype}")
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:

@@ -124,7 +124,7 @@ def _device_index(device: torch.device | int | None) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -140,7 +140,7 @@ def _check(lib: ctypes.CDLL, code: int, what: str) -> None:
         raise RuntimeError(f"gn_module: {what} failed: CUDA error {code} ({msg})")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _occupancy(index: int, variant: str | None, direction: str, dtype: str, vec: int, smem: int) -> int:
     lib = library(index, variant)
     blocks = ctypes.c_int(0)
@@ -227,7 +227,7 @@ def plan(
     """
     n, s, c = _nsc(shape)
     name = _dtype_name(dtype)
-    t = schedule.tiling(c, num_groups, s, schedule.ITEMSIZE[name], direction, aligned=aligned)
+    t = schedule.tiling(c, num_groups, s, schedule.ITEMSIZE[name], direction, batch=n, aligned=aligned)
     residency = onepass_residency(t, name, device)
     chosen = choose_schedule(t, n, residency) if schedule_ == "auto" else int(schedule_)
     if chosen == 1 and residency == 0:
@@ -247,8 +247,9 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _args(p: Plan, x: torch.Tensor, eps: float, act: str | None, param: torch.Tensor | None) -> _abi.GnArgs:
-    """GnArgs from the plan; `param` is weight or bias (they share a dtype), for its dtype code."""
+def _args(p: Plan, dtype: torch.dtype, eps: float, act: str | None, param_dtype: torch.dtype | None,
+          device_index: int) -> _abi.GnArgs:
+    """GnArgs from the plan, without data pointers. `param_dtype`: weight's (or bias's) dtype."""
     t = p.tiling
     a = _abi.GnArgs()
     a.n, a.s, a.c, a.g = p.batch, t.rows, t.channels, t.groups
@@ -267,23 +268,36 @@ def _args(p: Plan, x: torch.Tensor, eps: float, act: str | None, param: torch.Te
     for i, size in enumerate(levels):
         a.level_tiles[i] = size
     a.nlevels, a.fanin = len(levels), schedule.FANIN
-    a.dtype = _abi.DTYPE_CODES[_dtype_name(x.dtype)]
-    a.w_dtype = _abi.DTYPE_CODES[_dtype_name(param.dtype)] if param is not None else 0
+    a.dtype = _abi.DTYPE_CODES[_dtype_name(dtype)]
+    a.w_dtype = _abi.DTYPE_CODES[_dtype_name(param_dtype)] if param_dtype is not None else 0
     a.vec, a.cols_threads, a.col_chunks, a.rows_threads = t.vec, t.cols_threads, t.col_chunks, t.rows_threads
     a.act = _abi.ACT_CODES[act]
     a.eps = eps
     a.schedule, a.grid, a.smem = p.schedule, p.grid, p.smem
-    a.device = x.device.index
+    a.device = device_index
     return a
 
 
-def _plan_for(x: torch.Tensor, num_groups: int, direction: str, passes: int) -> Plan:
-    aligned = x.data_ptr() % schedule.VEC_BYTES == 0
-    p = plan(x.shape, num_groups, x.dtype, direction, "auto" if passes == 0 else passes, x.device,
-             aligned=aligned)
+@functools.lru_cache(maxsize=4096)
+def _launch_template(shape: tuple[int, ...], num_groups: int, dtype: torch.dtype, direction: str, passes: int,
+                     index: int, aligned: bool, cap: int | None, variant: str | None, eps: float, act: int,
+                     param_dtype: torch.dtype | None) -> tuple[Plan, bytes]:
+    """Plan and the pointer-free part of GnArgs for one call signature (cached: the hot path
+    only copies the template and fills in data pointers)."""
+    p = plan(shape, num_groups, dtype, direction, "auto" if passes == 0 else passes, index,
+             aligned=aligned, cap=cap)
     if p.tiles >= 2**31:
         raise RuntimeError(f"gn_module: {p.tiles} tiles exceed the launch limit of 2**31 - 1 blocks")
-    return p
+    return p, bytes(_args(p, dtype, eps, _ACTS[act], param_dtype, index))
+
+
+def _prepare(direction: str, x: torch.Tensor, num_groups: int, eps: float, act: int, passes: int,
+             param: torch.Tensor | None, *others: torch.Tensor) -> tuple[Plan, _abi.GnArgs]:
+    aligned = all(t.data_ptr() % schedule.VEC_BYTES == 0 for t in (x, *others))
+    p, raw = _launch_template(tuple(x.shape), num_groups, x.dtype, direction, passes, x.device.index, aligned,
+                              current_cap(), current_variant(), eps, act,
+                              None if param is None else param.dtype)
+    return p, _abi.GnArgs.from_buffer_copy(raw)
 
 
 def _run(direction: str, p: Plan, a: _abi.GnArgs, x: torch.Tensor) -> None:
@@ -309,14 +323,14 @@ def _workspace(p: Plan, device: torch.device) -> torch.Tensor:
 
 def forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, num_groups: int,
             eps: float, act: int, passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    n = x.shape[0]
+    """Run the forward kernels: y (x's memory format), mean and rstd (N, G) float32."""
+    param = weight if weight is not None else bias
+    p, a = _prepare("fwd", x, num_groups, eps, act, passes, param)
     y = torch.empty_like(x)
-    mean = torch.empty((n, num_groups), dtype=torch.float32, device=x.device)
+    mean = torch.empty((x.shape[0], num_groups), dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
-    p = _plan_for(x, num_groups, "fwd", passes)
     ws = _workspace(p, x.device)
     _poisoned(y, mean, rstd, ws)
-    a = _args(p, x, eps, _ACTS[act], weight if weight is not None else bias)
     a.x, a.out, a.weight, a.bias = x.data_ptr(), y.data_ptr(), _ptr(weight), _ptr(bias)
     a.mean, a.rstd, a.workspace = mean.data_ptr(), rstd.data_ptr(), ws.data_ptr()
     _run("fwd", p, a, x)
@@ -326,22 +340,18 @@ def forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | N
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
              mean: torch.Tensor, rstd: torch.Tensor, num_groups: int, eps: float, act: int,
              passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # dy must share x's (N, *spatial, C) memory order; gradients arrive in any layout.
-    dy = dy.movedim(1, -1).contiguous().movedim(-1, 1)
-    if dy.data_ptr() % schedule.VEC_BYTES != 0:
-        dy = dy.clone(memory_format=torch.preserve_format)
-    c = x.shape[1]
-    dx = torch.empty_like(x)
+    """Run the backward kernels: dx (x's memory format), dweight and dbias (weight's dtype)."""
+    if dy.stride() != x.stride():  # gradients arrive in any layout; the kernels read x's
+        dy = torch.empty_like(x).copy_(dy)
     param = weight if weight is not None else bias
     pdt = param.dtype if param is not None else torch.float32
+    p, a = _prepare("bwd", x, num_groups, eps, act, passes, param, dy)
+    c = x.shape[1]
+    dx = torch.empty_like(x)
     dw32 = torch.empty(c, dtype=torch.float32, device=x.device)
     db32 = torch.empty(c, dtype=torch.float32, device=x.device)
-    aligned = x.data_ptr() % schedule.VEC_BYTES == 0 and dy.data_ptr() % schedule.VEC_BYTES == 0
-    p = plan(x.shape, num_groups, x.dtype, "bwd", "auto" if passes == 0 else passes, x.device,
-             aligned=aligned)
     ws = _workspace(p, x.device)
     _poisoned(dx, dw32, db32, ws)
-    a = _args(p, x, eps, _ACTS[act], weight if weight is not None else bias)
     a.x, a.dy, a.out, a.weight, a.bias = x.data_ptr(), dy.data_ptr(), dx.data_ptr(), _ptr(weight), _ptr(bias)
     a.mean, a.rstd, a.workspace = mean.data_ptr(), rstd.data_ptr(), ws.data_ptr()
     a.dweight, a.dbias = dw32.data_ptr(), db32.data_ptr()
@@ -403,7 +413,30 @@ def _backward(ctx, dy, _dmean, _drstd):
 group_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerGroupNorm(torch.autograd.Function):
+    """The same kernels without the dispatcher round trip of a custom op (eager mode only)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, num_groups, eps, act, passes):
+        y, mean, rstd = forward(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
+        _setup_context(ctx, (x, weight, bias, num_groups, eps, act, passes), (y, mean, rstd))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        num_groups, eps, act, passes = ctx.config
+        dx, dw, db = backward(dy, x, _dense(weight), _dense(bias), mean, rstd, num_groups, eps, act, passes)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        return (dx if need_x else None, dw if (weight is not None and need_w) else None,
+                db if (bias is not None and need_b) else None, None, None, None, None)
+
+
 def group_norm_cuda(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
                     eps: float, act: str | None, passes: object) -> torch.Tensor:
-    y, _, _ = group_norm_fwd(x, weight, bias, num_groups, eps, _ACT_IDS[act], _PASSES[passes])
-    return y
+    """Our kernels on a CUDA (N, *spatial, C) tensor: the custom op when torch.compile traces
+    (no graph break), a plain autograd.Function in eager mode (lower host overhead)."""
+    if torch.compiler.is_compiling():
+        y, _, _ = group_norm_fwd(x, weight, bias, num_groups, eps, _ACT_IDS[act], _PASSES[passes])
+        return y
+    return _EagerGroupNorm.apply(x, weight, bias, num_groups, eps, _ACT_IDS[act], _PASSES[passes])

@@ -30,8 +30,13 @@ from dataclasses import asdict, dataclass, field
 THREADS = 256
 #: Bytes of one vector access per thread.
 VEC_BYTES = 16
-#: On-chip bytes per block that hold the tile(s) across the one-pass grid barriers.
-TILE_BYTES = 32 * 1024
+#: On-chip bytes per block that hold the tile(s) across the one-pass grid barriers; also the
+#: largest tile of the two-pass schedule (the tiling is the same for both).
+TILE_BYTES = 64 * 1024
+#: Small tensors are cut into at least this many tiles (when rows allow) so they spread over SMs.
+MIN_TILES = 256
+#: Fewest rows per tile: below it the per-tile partials (8 bytes per channel) outweigh the tile.
+MIN_TILE_ROWS = 16
 #: Fan-in of each reduction level over the tile axis.
 FANIN = 32
 #: Largest number of reduction levels the launcher accepts (FANIN**8 tiles is far beyond any tensor).
@@ -146,6 +151,11 @@ class Tiling:
         return tuple(sizes)
 
 
+def max_tile_rows(channels: int, itemsize: int, direction: str) -> int:
+    """Rows of the largest tile that fits the on-chip budget (at least one row)."""
+    return max(1, TILE_BYTES // TENSORS_ON_CHIP[direction] // (channels * itemsize))
+
+
 def tiling(
     channels: int,
     groups: int,
@@ -153,9 +163,15 @@ def tiling(
     itemsize: int,
     direction: str,
     *,
+    batch: int = 1,
     aligned: bool = True,
 ) -> Tiling:
-    """Cut a slice of ``rows`` x ``channels`` into tiles. Depends on shape and dtype only."""
+    """Cut each of `batch` slices of ``rows`` x ``channels`` into tiles.
+
+    Depends on the shape and dtype only (never on the device, schedule or cap). Tiles are as
+    large as the on-chip budget allows, but small tensors are cut finer, down to MIN_TILE_ROWS,
+    so that the whole tensor makes at least MIN_TILES tiles.
+    """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if channels < 1 or groups < 1 or channels % groups:
@@ -166,8 +182,9 @@ def tiling(
     cols_threads = min(vectors_per_row, THREADS)
     col_chunks = -(-vectors_per_row // cols_threads)
     rows_threads = THREADS // cols_threads
-    budget = TILE_BYTES // TENSORS_ON_CHIP[direction]
-    rows_per_tile = max(1, min(max(rows, 1), budget // (channels * itemsize)))
+    largest = max_tile_rows(channels, itemsize, direction)
+    wanted = -(-rows // -(-MIN_TILES // max(batch, 1))) if rows > 0 else 1
+    rows_per_tile = min(largest, max(min(MIN_TILE_ROWS, largest), wanted), max(rows, 1))
     tiles_per_slice = max(1, -(-rows // rows_per_tile)) if rows > 0 else 0
     return Tiling(
         direction=direction,
@@ -263,23 +280,20 @@ def model_residency(limits: DeviceLimits, res: KernelResources, t: Tiling) -> in
     return blocks_per_sm(limits, res, THREADS, t.onepass_smem) * limits.sm_count
 
 
-def rows_for_tiles(t: Tiling, tiles_per_slice: int) -> int:
-    """Rows S that make a slice of exactly `tiles_per_slice` full tiles (inverse of `tiling`)."""
-    return tiles_per_slice * t.rows_per_tile
-
-
 def slice_for_tiles(channels: int, groups: int, itemsize: int, direction: str, batch: int, tiles: int) -> int:
     """Rows per slice so that `batch` slices hold at least `tiles` tiles in total.
 
-    Used to generate overflow shapes: ``tiles`` is a multiple of the residency. The tiling of the
-    returned row count is checked to hold that many tiles (rows_per_tile is capped by S itself).
+    Used to generate overflow shapes from residencies. Totals of at least MIN_TILES get the
+    largest tiles; smaller totals get MIN_TILE_ROWS-row tiles (see `tiling`). The result is
+    checked against `tiling` itself.
     """
     if tiles < batch:
         raise ValueError("need at least one tile per sample")
     per_slice = -(-tiles // batch)
-    t = tiling(channels, groups, 1 << 30, itemsize, direction)
-    rows = per_slice * t.rows_per_tile
-    check = tiling(channels, groups, rows, itemsize, direction)
+    largest = max_tile_rows(channels, itemsize, direction)
+    rows_each = largest if per_slice * batch >= MIN_TILES else min(MIN_TILE_ROWS, largest)
+    rows = per_slice * rows_each
+    check = tiling(channels, groups, rows, itemsize, direction, batch=batch)
     if check.tiles_per_slice != per_slice:  # a full slice never shrinks its tiles; guard the invariant
         raise RuntimeError(f"tiling invariant broken: {check} does not hold {per_slice} tiles")
     return rows

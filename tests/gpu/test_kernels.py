@@ -184,7 +184,7 @@ def test_constant_group_gives_bias():
 
 
 def test_large_mean_fp32():
-    x, w, b, dy = make_case((2, 64, 64, 64), 8, torch.float32, mean=1e3, std=1.0)
+    x, w, b, _ = make_case((2, 64, 64, 64), 8, torch.float32, mean=1e3, std=1.0)
     for passes in (1, 2):
         y = gn_module.group_norm(x, 8, w, b, passes=passes)
         ref = reference.forward(x, 8, w, b, 1e-5, None)
@@ -269,7 +269,7 @@ def test_more_than_2_31_elements_bf16():
     x, w, b, dy = make_case(shape, groups, torch.bfloat16, torch.float32)
     assert x.numel() > 2**31
     y, dx, dw, db = run(x, groups, w, b, None, "auto", dy)
-    c, d = 128, 128 // groups
+    d = 128 // groups
     rows = lambda t: t.permute(0, 2, 3, 1).reshape(-1, groups, d).split(1 << 21)  # noqa: E731
     # Chunked fp64 reference: group statistics, then per-channel gradient sums, then every row.
     s1 = torch.zeros(groups, dtype=torch.float64, device="cuda")
