@@ -1,0 +1,315 @@
+"""pytest-gn: device-aware GroupNorm fixtures, ``@pytest.mark.overflow_grid`` and ``--gn-arch-sweep``.
+
+Loaded through the ``pytest11`` entry point. Importing this module imports neither torch nor
+the CUDA extension: everything that needs them happens inside hooks and fixtures, on demand.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gn_module.schedule import DeviceLimits
+from pytest_gn import options
+from pytest_gn.cases import CaseSpec, GnCase, specs_from_marker
+from pytest_gn.report import Tally
+
+SUITE_DIR = Path(__file__).resolve().parent / "suite"
+ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
+MARKERS = (
+    "overflow_grid(dtypes=('fp16','bf16','fp32'), acts=('silu', None), directions=('fwd','bwd'), "
+    "shapes=[(128, 16)], ratios=('x1','x1p1','x2p1','x4p3'), variants=('capped','natural'), cap=3): "
+    "parametrize the test (through the gn_case fixture) with GroupNorm cases whose one-pass grid "
+    "overflows the residency of this GPU (natural), of a residency cap (capped, cheap) and, with "
+    "--gn-arch-sweep, of every GPU profile. Ratios: tiles = m x residency + k ('x2p1' = 2R+1).",
+    "gn_cuda: the test needs a usable CUDA device; skipped with the reason when there is none.",
+)
+
+
+@dataclass
+class GnState:
+    opts: options.GnOptions
+    profiles: list[DeviceLimits]
+    selected: list[DeviceLimits]
+    tally: Tally = field(default_factory=Tally)
+    _sweep: Any = None
+    _device: Any = None
+    _device_reason: str | None = None
+    _device_probed: bool = False
+
+    @property
+    def sweep(self) -> Any:
+        if self._sweep is None:
+            from pytest_gn.sweep import Sweep
+
+            self._sweep = Sweep(self.selected)
+        return self._sweep
+
+    def device(self, with_residency: bool = True) -> tuple[Any, str | None]:
+        """(GnDevice, None) or (None, why there is no usable CUDA device). Probed once."""
+        if not self._device_probed:
+            self._device_probed = True
+            from pytest_gn import device as dev
+
+            self._device_reason = dev.cuda_unavailable_reason()
+            if self._device_reason is None:
+                dev.select_worker_gpu()
+                self._device = dev.local_device(with_residency)
+        return self._device, self._device_reason
+
+
+STATE = pytest.StashKey[GnState]()
+
+
+class _Recorder:
+    """Tallies overflow cases from test reports (works on the xdist controller too)."""
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        props = dict(report.user_properties)
+        case = props.get("gn_case") or props.get("gn_spec")
+        if case is None or (report.when != "call" and report.outcome == "passed"):
+            return
+        reason = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        self.tally.add(case, report.outcome, reason)
+
+
+def _state(config: pytest.Config) -> GnState:
+    return config.stash[STATE]
+
+
+# ---------------------------------------------------------------- hooks
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_gn import hooks
+
+    pluginmanager.add_hookspecs(hooks)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+def _load_profiles(config: pytest.Config, opts: options.GnOptions) -> list[DeviceLimits]:
+    from gn_module import profiles
+
+    extra: list[DeviceLimits] = []
+    try:
+        if opts.profiles_file:
+            path = Path(opts.profiles_file)
+            if not path.is_absolute():
+                path = (config.inipath.parent if config.inipath else config.rootpath) / path
+            extra += profiles.load_profiles_file(path)
+        for result in config.hook.pytest_gn_add_profiles(config=config):
+            if result is not None:
+                extra += profiles.profiles_from_data(result)
+    except (OSError, ValueError, TypeError, RuntimeError) as exc:
+        raise pytest.UsageError(f"gn profiles: {exc}") from None
+    return profiles.merge_profiles(profiles.BUILTIN_PROFILES, extra)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    opts = options.read_options(config)
+    all_profiles = _load_profiles(config, opts)
+    from gn_module.profiles import select_profiles
+
+    try:
+        selected = select_profiles(opts.profiles, all_profiles)
+    except KeyError as exc:
+        raise pytest.UsageError(f"--gn-profiles: {exc.args[0]}") from None
+    state = GnState(opts, all_profiles, selected)
+    config.stash[STATE] = state
+    config.pluginmanager.register(_Recorder(state.tally), "gn-recorder")
+    if opts.max_resident is not None:
+        os.environ[ENV_CAP] = str(opts.max_resident)  # also reaches child processes
+    if opts.arch_sweep:
+        have = {str(Path(a).resolve()) for a in config.args}
+        if str(SUITE_DIR) not in have:  # xdist workers configure again with the controller's args
+            config.args.append(str(SUITE_DIR))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("overflow_grid")
+    if marker is None:
+        return
+    name = metafunc.definition.nodeid
+    if marker.args:
+        raise pytest.UsageError(f"{name}: overflow_grid takes keyword arguments only, got {marker.args!r}")
+    if "gn_case" not in metafunc.fixturenames:
+        raise pytest.UsageError(f"{name}: a test marked overflow_grid must take the gn_case fixture")
+    state = _state(metafunc.config)
+    profiles = tuple(p.name for p in state.selected) if state.opts.arch_sweep else ()
+    try:
+        specs = specs_from_marker(dict(marker.kwargs), profiles=profiles, foreign=state.opts.foreign)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{name}: {exc}") from None
+    metafunc.parametrize("gn_case", specs, ids=[s.id for s in specs], indirect=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _state(config).opts.arch_sweep:
+        return
+    keep, drop = [], []
+    for item in items:
+        in_suite = SUITE_DIR in Path(str(item.path)).resolve().parents
+        (keep if in_suite or item.get_closest_marker("overflow_grid") else drop).append(item)
+    if drop:  # the sweep runs the bundled suite plus the user's overflow_grid tests only
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    spec = getattr(getattr(item, "callspec", None), "params", {}).get("gn_case")
+    if isinstance(spec, CaseSpec):  # known before any skip, so the summary counts skipped cases
+        item.user_properties.append(("gn_spec", {"id": spec.id, "profile": spec.profile}))
+    if item.get_closest_marker("gn_cuda") or item.get_closest_marker("overflow_grid"):
+        _, reason = _state(item.config).device(with_residency=False)
+        if reason:
+            pytest.skip(f"no usable CUDA device: {reason}")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from pytest_gn.report import header_lines
+
+    state = _state(config)
+    opts = state.opts
+    try:
+        device, reason = state.device()
+    except Exception as exc:  # never let the header break a session
+        device, reason = None, f"{type(exc).__name__}: {exc}"
+    return header_lines(
+        opts.impl, opts.seed, opts.max_resident, device, reason, state.selected, opts.arch_sweep
+    )
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    from pytest_gn.summary import summary_lines
+
+    state = _state(config)
+    lines = summary_lines(state)
+    if lines:
+        terminalreporter.write_sep("=", "gn summary")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def gn_device(pytestconfig: pytest.Config) -> Any:
+    """The local CUDA device (`pytest_gn.device.GnDevice`): ``name``, ``cc``, ``sm_count``,
+    ``limits`` (per-SM limits as a `DeviceLimits`), ``build`` and ``residency``: the real
+    co-resident block count of each one-pass kernel configuration (e.g.
+    ``fwd_onepass[fp16,vec8]``) from the CUDA occupancy API. Skips without a usable GPU; under
+    pytest-xdist each worker is put on its own GPU (gw0 -> cuda:0, gw1 -> cuda:1, ...)."""
+    device, reason = _state(pytestconfig).device()
+    if device is None:
+        pytest.skip(f"no usable CUDA device: {reason}")
+    return device
+
+
+@pytest.fixture(scope="session")
+def gn_impl(pytestconfig: pytest.Config) -> Callable[..., Any]:
+    """The GroupNorm under test: ``gn_module.group_norm`` unless ``--gn-impl module:callable``.
+
+    Protocol: ``impl(x, num_groups, weight, bias, eps, act) -> y``, differentiable in x, weight
+    and bias; ``act`` is None or "silu". The bundled suite runs a foreign implementation in a
+    child process, so an abort becomes a failed case with its stderr."""
+    from pytest_gn.runner import load_impl
+
+    try:
+        return load_impl(_state(pytestconfig).opts.impl)
+    except (ImportError, TypeError) as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def gn_case(request: pytest.FixtureRequest) -> Iterator[GnCase]:
+    """The overflow case of a test marked ``overflow_grid`` (a `pytest_gn.cases.GnCase`):
+    ``shape`` (N, C, H, W; use channels_last), ``num_groups``, ``dtype``, ``act``,
+    ``direction``, ``tiles``, ``residency``, ``expected_grid``, ``overflow_tiles``. While the test
+    runs, the case's residency cap (and, in the arch sweep, the PTX build of the profile's arch)
+    is in force. Skips when the case does not fit in free device memory."""
+    spec = getattr(request, "param", None)
+    if not isinstance(spec, CaseSpec):
+        pytest.fail("gn_case is provided by @pytest.mark.overflow_grid", pytrace=False)
+    state = _state(request.config)
+    device = request.getfixturevalue("gn_device")
+    from pytest_gn import resolve_local
+    from pytest_gn.runner import case_context
+
+    case = resolve_local.resolve_for_device(spec, state, device)
+    request.node.user_properties.append(("gn_case", case.summary()))
+    from pytest_gn.device import free_memory
+
+    free = free_memory(device.index)
+    if case.bytes_needed() > 0.9 * free:
+        pytest.skip(f"{case.id} needs ~{case.bytes_needed() / 2**30:.1f} GiB, "
+                    f"only {free / 2**30:.1f} GiB free on {device.name}")  # fmt: skip
+    with case_context(case):
+        yield case
+
+
+@pytest.fixture(scope="session")
+def gn_reference() -> Callable[..., Any]:
+    """fp64 reference: ``gn_reference(x, num_groups, weight, bias, eps, act, dy=None)`` returns
+    ``.y`` and, when ``dy`` is given, ``.dx``, ``.dweight``, ``.dbias`` (GroupNorm, then SiLU
+    when act == "silu"), all float64."""
+    from pytest_gn.reference import reference
+
+    return reference
+
+
+@pytest.fixture(scope="session")
+def gn_assert_close() -> Callable[..., None]:
+    """``gn_assert_close(actual, expected, dtype=None, name="output", terms=1)``: elementwise
+    ``|a - e| <= atol + rtol * |e|`` with (rtol, atol) by result dtype: fp16 (1e-2, 1e-2), bf16
+    (2e-2, 2e-2), fp32 (1e-4, 1e-4); ``terms`` (values summed per element, e.g. N*H*W for
+    dweight/dbias) scales atol by its square root. Lists of tensors are compared pairwise."""
+    from pytest_gn.reference import assert_close
+
+    return assert_close
+
+
+@pytest.fixture(scope="session")
+def gn_cap() -> Callable[[int], Any]:
+    """``with gn_cap(k): ...`` caps every one-pass launch of gn_module at k co-resident blocks
+    (emulating a smaller GPU) inside the block."""
+    from gn_module import ops
+
+    return ops.max_resident_blocks
+
+
+@pytest.fixture
+def gn_check(pytestconfig: pytest.Config, gn_device: Any) -> Callable[[GnCase], None]:
+    """``gn_check(gn_case)`` runs the case with the implementation under test against the fp64
+    reference (and, for gn_module, checks the launched grid and one-pass == two-pass bitwise);
+    foreign implementations run in a child process. Fails the test with every problem found."""
+    from pytest_gn import runner
+
+    opts = _state(pytestconfig).opts
+
+    def check(case: GnCase) -> None:
+        if opts.foreign:
+            result = runner.check_case_in_child(case, opts.impl, opts.seed, gn_device.index)
+        else:
+            result = runner.check_case(case, None, opts.seed)
+        if not result.ok:
+            pytest.fail(result.message(case), pytrace=False)
+
+    return check
+
+
+@pytest.fixture(scope="session")
+def gn_sweep(pytestconfig: pytest.Config) -> Any:
+    """The arch sweep's static results (`pytest_gn.sweep.Sweep`) for the selected profiles."""
+    return _state(pytestconfig).sweep

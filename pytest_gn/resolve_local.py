@@ -1,0 +1,37 @@
+"""Turn a collected CaseSpec into a concrete case on the GPU at hand (needs torch and CUDA)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_gn.cases import CaseSpec, GnCase, resolve, resolve_foreign
+from pytest_gn.sweep import ptx_variant
+
+
+def resolve_for_device(spec: CaseSpec, state: Any, device: Any) -> GnCase:
+    """Natural: this GPU's residency (occupancy API); capped: the case's cap; profile: the
+    profile's modelled residency, run through its PTX build when the device can; foreign:
+    the 512-row rule. ``--gn-max-resident`` lowers every residency further."""
+    opts = state.opts
+    if opts.foreign:
+        return resolve_foreign(spec, device.sm_count, device.limits.max_blocks_per_sm)
+    from gn_module import ops
+
+    t = spec.tiling()
+    if spec.profile is not None:
+        static = state.sweep.static(spec.profile)
+        if static.report is None:
+            pytest.skip(f"profile {spec.profile}: {static.error}")
+        with ops.build_variant(ptx_variant(static.profile, device.cc)):
+            device_residency = ops.onepass_residency(t, spec.torch_dtype, device.index)
+        return state.sweep.resolve_case(spec, device, device_residency)
+    natural = ops.onepass_residency(t, spec.torch_dtype, device.index)
+    if natural < 1:
+        pytest.skip(f"{spec.config} cannot run one-pass on {device.name} (residency 0)")
+    cap = opts.max_resident
+    if spec.variant == "capped":
+        cap = spec.cap if cap is None else min(cap, spec.cap)
+    residency = natural if cap is None else min(natural, cap)
+    return resolve(spec, residency, cap=cap)
