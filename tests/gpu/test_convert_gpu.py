@@ -1,0 +1,265 @@
+"""GPU tests of convert_groupnorm and GNSwapCallback: converted models match unconverted ones.
+
+Run on a CUDA machine: ``pytest tests/gpu/test_convert_gpu.py -v``. The DDP test needs 2 GPUs
+(and NCCL_NVLS_ENABLE=0 on the lent machines; it sets that for its children when unset).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import gn_module
+from gn_module.convert import convert_groupnorm
+from gn_module.functional import fast_path_reason
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+ROOT = Path(__file__).resolve().parents[2]
+# Relative error (norm of the difference over the norm of the reference) allowed per compute dtype.
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+class Net(nn.Module):
+    """Conv/GroupNorm/SiLU stack: two fusable pairs, one GroupNorm before a conv, odd group sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(3, 64, 3, padding=1),
+            nn.Sequential(nn.GroupNorm(32, 64), nn.SiLU(), nn.Conv2d(64, 96, 3, padding=1)),
+            nn.Sequential(nn.GroupNorm(32, 96), nn.SiLU(), nn.Conv2d(96, 128, 3, padding=1)),  # 3 ch/group
+            nn.GroupNorm(16, 128),
+            nn.Conv2d(128, 3, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """TF32 convs would dominate the fp32 differences; the comparison is about GroupNorm."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+
+
+def count_fast_calls(model: nn.Module) -> list[int]:
+    """Counts GroupNorm calls whose input takes gn_module's CUDA kernels (not torch's fallback)."""
+    calls = [0, 0]  # fast, total
+
+    def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        calls[1] += 1
+        calls[0] += fast_path_reason(args[0], module.weight) is None
+
+    for m in model.modules():
+        if isinstance(m, gn_module.GroupNorm):
+            m.register_forward_pre_hook(hook)
+    return calls
+
+
+def pair(dtype: torch.dtype = torch.float32) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    ref = Net().cuda().to(dtype=dtype, memory_format=torch.channels_last)
+    with torch.no_grad():  # non-trivial affine parameters
+        for m in ref.modules():
+            if isinstance(m, nn.GroupNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    model, report = convert_groupnorm(copy.deepcopy(ref))
+    assert report.summary()["swapped"] == 3 and report.summary()["fused"] == 2
+    return ref, model
+
+
+def forward_backward(model: nn.Module, x: torch.Tensor, autocast: torch.dtype | None):
+    x = x.detach().clone().requires_grad_(True)
+    with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+        y = model(x)
+    y.float().square().mean().backward()
+    plain = getattr(model, "_orig_mod", model)  # a compiled module prefixes parameter names
+    grads = {n: p.grad for n, p in plain.named_parameters()}
+    return y, x.grad, grads
+
+
+@pytest.mark.parametrize(
+    "param_dtype, autocast",
+    [
+        (torch.float32, None),
+        (torch.float32, torch.float16),
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, None),
+        (torch.float16, None),
+    ],
+    ids=["fp32", "autocast-fp16", "autocast-bf16", "bf16", "fp16"],
+)
+def test_outputs_and_grads_match_unconverted(param_dtype, autocast):
+    ref, model = pair(param_dtype)
+    calls = count_fast_calls(model)
+    x = torch.randn(4, 3, 32, 32, device="cuda", dtype=param_dtype).contiguous(
+        memory_format=torch.channels_last
+    )
+    y_ref, dx_ref, g_ref = forward_backward(ref, x, autocast)
+    y, dx, g = forward_backward(model, x, autocast)
+    assert calls == [3, 3], "every GroupNorm input should be channels-last and take the CUDA kernels"
+    tol = TOL[autocast or param_dtype]
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    errors = {"y": rel_err(y, y_ref), "dx": rel_err(dx, dx_ref)}
+    errors.update({n: rel_err(g[n], g_ref[n]) for n in g_ref})
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    assert not bad, f"relative errors above {tol}: {bad}"
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "autocast-bf16"])
+def test_compile_fullgraph_matches_eager(autocast):
+    _, model = pair()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(4, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
+    y_eager, dx_eager, g_eager = forward_backward(model, x, autocast)
+    model.zero_grad(set_to_none=True)
+    y, dx, g = forward_backward(compiled, x, autocast)
+    tol = TOL[autocast or torch.float32]
+    assert rel_err(y, y_eager) <= tol and rel_err(dx, dx_eager) <= tol
+    for name in g_eager:
+        assert rel_err(g[name], g_eager[name]) <= tol, name
+
+
+# ------------------------------------------------------------------------------------------------
+# Lightning: every precision, swap vs no swap, and torch.compile
+
+
+def lightning_run(
+    precision: str, swap: bool, steps: int = 4, compile: bool = False
+) -> tuple[list[float], list[int]]:
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Net()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            return (self(x).float() - x.float()).square().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        def train_dataloader(self):
+            data = torch.randn(steps * 4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+            return DataLoader(TensorDataset(data), batch_size=4)
+
+    class Record(pl.Callback):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+            self.calls = [0, 0]
+
+        def on_fit_start(self, trainer, pl_module):
+            self.calls = count_fast_calls(pl_module)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.losses.append(outputs["loss"].item())
+
+    torch.manual_seed(0)
+    module = Module()
+    record = Record()
+    callbacks = [record, *([gn_module.GNSwapCallback()] if swap else [])]
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision=precision,
+        max_steps=steps,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(torch.compile(module) if compile else module)
+    return record.losses, record.calls
+
+
+@pytest.mark.parametrize(
+    "precision, tol",
+    [("32-true", 1e-4), ("16-mixed", 1e-2), ("bf16-mixed", 5e-2), ("bf16-true", 5e-2)],
+)
+def test_trainer_precisions_match_unswapped(precision, tol):
+    swapped, calls = lightning_run(precision, swap=True)
+    plain, _ = lightning_run(precision, swap=False)
+    assert calls[1] > 0 and calls[0] == calls[1], (
+        f"fast path used in {calls[0]} of {calls[1]} GroupNorm calls"
+    )
+    assert all(torch.isfinite(torch.tensor(swapped)))
+    diffs = [abs(a - b) / abs(b) for a, b in zip(swapped, plain, strict=True)]
+    assert max(diffs) <= tol, f"per-step relative loss differences {diffs}"
+
+
+def test_trainer_with_compiled_module():
+    swapped, _ = lightning_run("bf16-mixed", swap=True, compile=True)
+    plain, _ = lightning_run("bf16-mixed", swap=False)
+    diffs = [abs(a - b) / abs(b) for a, b in zip(swapped, plain, strict=True)]
+    assert max(diffs) <= 5e-2, diffs
+
+
+def test_train_unet_example_on_gpu(tmp_path):
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples/train_unet.py"),
+        "--steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--image-size",
+        "32",
+        "--channels",
+        "64,128",
+        "--blocks",
+        "1",
+        "--loss-log",
+        str(tmp_path / "l.json"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "torch.cuda.max_memory_allocated" in proc.stdout and "swapped" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP check needs 2 GPUs")
+def test_ddp_two_gpus_matches_single(tmp_path):
+    env = {**os.environ, "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts/ddp_check.py"),
+        "--steps",
+        "10",
+        "--batch-size",
+        "8",
+        "--out",
+        str(tmp_path),
+        "--",
+        "--image-size",
+        "32",
+        "--channels",
+        "64,128",
+        "--blocks",
+        "1",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    print(proc.stdout[-3000:])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "DDP CHECK PASSED" in proc.stdout
