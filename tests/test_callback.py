@@ -213,3 +213,10 @@ def test_patch_removed_when_setup_fails(tmp_path):
     with pytest.raises(ValueError, match="boom"):
         t.fit(Broken())
     assert "setup" not in vars(t.strategy)
+
+
+def test_bad_options_fail_at_construction():
+    with pytest.raises(ValueError, match="min_channels"):
+        GNSwapCallback(min_channels=-3)
+    with pytest.raises(TypeError, match="exclude"):
+        GNSwapCallback(exclude=[None])  # type: ignore[list-item]

@@ -365,3 +365,15 @@ def test_deepcopy_of_converted_model_reverts_independently():
     assert clone[1].weight is not model[1].weight
     assert dict(clone.named_parameters()).keys() == dict(model.named_parameters()).keys()
     assert all(p is clone.get_parameter(n) for n, p in clone[1].named_parameters(prefix="1"))
+
+
+def test_subclass_of_fast_groupnorm_with_own_forward_is_not_fused_or_reverted():
+    class Doubled(gn_module.GroupNorm):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 2
+
+    model = nn.Sequential(Doubled(2, 4), nn.SiLU())
+    model, report = convert_groupnorm(model)
+    assert report.fused == [] and model[0].act is None and type(model[1]) is nn.SiLU
+    model, report = revert_groupnorm(model)
+    assert type(model[0]) is Doubled and "overrides forward" in report.skipped["0"]

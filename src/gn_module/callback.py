@@ -10,7 +10,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 
-from gn_module.convert import ConversionReport, Patterns, convert_groupnorm, revert_groupnorm
+from gn_module.convert import ConversionReport, Patterns, check_options, convert_groupnorm, revert_groupnorm
 
 # Strategies that shard parameters: swapping after `configure_model` could meet flattened or
 # distributed parameters, so they are refused rather than risked.
@@ -47,6 +47,7 @@ class GNSwapCallback(Callback):
         log_hyperparams: bool = True,
     ) -> None:
         super().__init__()
+        check_options(include, exclude, min_channels)  # fail at construction, not mid-fit
         self.channels_last = channels_last
         self.convert_kwargs: dict[str, Any] = {
             "fuse_silu": fuse_silu,

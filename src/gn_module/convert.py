@@ -104,9 +104,7 @@ def convert_groupnorm(
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"convert_groupnorm(): expected an nn.Module, got {type(module).__name__}")
-    if isinstance(min_channels, bool) or not isinstance(min_channels, int) or min_channels < 0:
-        raise ValueError(f"convert_groupnorm(): min_channels must be an int >= 0, got {min_channels!r}")
-    include, exclude = _patterns(include, "include"), _patterns(exclude, "exclude")
+    include, exclude = check_options(include, exclude, min_channels)
     walker = _Converter(module, fuse_silu, include, exclude, min_channels)
     return walker.visit(module, ""), walker.report
 
@@ -141,7 +139,7 @@ def groupnorm_act(module: nn.GroupNorm) -> tuple[str | None, str | None]:
     name = _qualname(module)
     if "forward" in vars(module):
         return None, "forward is overridden on the instance"
-    if isinstance(module, GroupNorm):
+    if isinstance(module, GroupNorm) and type(module).forward is GroupNorm.forward:
         allowed_children: set[str] = set()
         act = module.act
     elif type(module).forward is nn.GroupNorm.forward or name in PLAIN_GROUPNORM_CLASSES:
@@ -172,6 +170,15 @@ def _act_of_children(module: nn.Module) -> tuple[str | None, str | None]:
     if type(act) is nn.SiLU:
         return "silu", None
     return None, f"act={type(act).__name__} has no fused kernel (only SiLU)"
+
+
+def check_options(
+    include: Patterns, exclude: Patterns, min_channels: int
+) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
+    """Validate convert_groupnorm's options; returns include/exclude as tuples (or None)."""
+    if isinstance(min_channels, bool) or not isinstance(min_channels, int) or min_channels < 0:
+        raise ValueError(f"convert_groupnorm(): min_channels must be an int >= 0, got {min_channels!r}")
+    return _patterns(include, "include"), _patterns(exclude, "exclude")
 
 
 def _patterns(value: Patterns, what: str) -> tuple[str, ...] | None:
@@ -306,7 +313,9 @@ class _Converter(_Walker):
         keys = list(module._modules)
         for key, next_key in itertools.pairwise(keys):
             norm, silu = module._modules[key], module._modules[next_key]
-            if not (isinstance(norm, GroupNorm) and norm.act is None and type(silu) is nn.SiLU):
+            if not (
+                isinstance(norm, GroupNorm) and groupnorm_act(norm) == (None, None) and type(silu) is nn.SiLU
+            ):
                 continue
             norm_name, silu_name = (f"{name}.{k}" if name else k for k in (key, next_key))
             reason = None
@@ -342,6 +351,10 @@ class _Reverter(_Walker):
         if not isinstance(module, GroupNorm):
             if isinstance(module, nn.GroupNorm):
                 self.report.already.append(name)
+            return module
+        _, reason = groupnorm_act(module)
+        if reason is not None:
+            self.report.skipped[name] = reason
             return module
         original = getattr(module, _ORIGINAL, None)
         if original is not None:
