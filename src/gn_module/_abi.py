@@ -30,7 +30,7 @@ _i32 = ctypes.c_int32
 
 
 class GnArgs(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012 - ctypes wants a plain list
+    _fields_ = [
         ("x", _p),
         ("dy", _p),
         ("out", _p),
