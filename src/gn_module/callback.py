@@ -118,8 +118,8 @@ class GNSwapCallback(Callback):
     def swap(self, trainer: Trainer, pl_module: LightningModule) -> ConversionReport:
         """Convert ``pl_module`` in place now; called by the callback, public for manual use."""
         _, report = convert_groupnorm(pl_module, **self.convert_kwargs)
-        if self.channels_last and not self._made_channels_last:
-            self._made_channels_last = _set_memory_format(pl_module, channels_last=True)
+        if self.channels_last:  # every time: layers may have been added since the last stage
+            self._made_channels_last |= _set_memory_format(pl_module, channels_last=True)
         if report.swapped or self.report is None:
             self.report = report
             self._log(trainer, report)
