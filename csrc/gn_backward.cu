@@ -6,7 +6,7 @@ namespace gn {
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, kMinBlocksBackward) bwd_tiles(GnArgs a) {
-  bwd_tile<T, V>(a, blockIdx.x, nullptr, nullptr, scratch_region(0, 0));
+  bwd_tile<T, V, kBatchBackward>(a, blockIdx.x, nullptr, nullptr, scratch_region(0, 0));
   record(a, 1, 1);
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
@@ -20,7 +20,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, kMinBlocksBackward) bwd_apply(GnArgs a) {
   const int64_t tiles = a.n * a.tiles_per_slice;
   bwd_param_items(a, (int64_t)blockIdx.x * kWarps + threadIdx.x / 32, (int64_t)gridDim.x * kWarps);
-  bwd_apply_tile<T, V>(a, tiles - 1 - blockIdx.x, nullptr, nullptr);
+  bwd_apply_tile<T, V, kBatchBackward>(a, tiles - 1 - blockIdx.x, nullptr, nullptr);
   record(a, 2, 1);
 }
 
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) bwd_onepass(GnArg
   int visited = 0;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const bool is_last = t + gridDim.x >= tiles;
-    bwd_tile<T, V>(a, t, is_last ? keep_x : nullptr, is_last ? keep_dy : nullptr, scratch);
+    bwd_tile<T, V, kBatchOnepassBackward>(a, t, is_last ? keep_x : nullptr, is_last ? keep_dy : nullptr, scratch);
     if (is_last) last = t;
     ++visited;
   }
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) bwd_onepass(GnArg
   int applied = 0;
   for (int64_t t = last; t >= 0; t -= gridDim.x) {
     const bool kept = t == last;
-    bwd_apply_tile<T, V>(a, t, kept ? keep_x : nullptr, kept ? keep_dy : nullptr);
+    bwd_apply_tile<T, V, kBatchOnepassBackward>(a, t, kept ? keep_x : nullptr, kept ? keep_dy : nullptr);
     ++applied;
   }
   record(a, 2, applied);

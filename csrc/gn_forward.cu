@@ -7,7 +7,7 @@ namespace gn {
 // Two-pass phase 1: one block per tile.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, kMinBlocksForward) fwd_tiles(GnArgs a) {
-  fwd_tile<T, V>(a, blockIdx.x, nullptr, scratch_region(0, 0));
+  fwd_tile<T, V, kBatchForward>(a, blockIdx.x, nullptr, scratch_region(0, 0));
   record(a, 1, 1);
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksForward) fwd_combine(GnArg
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, kMinBlocksForward) fwd_apply(GnArgs a) {
   const int64_t tiles = a.n * a.tiles_per_slice;
-  fwd_apply_tile<T, V>(a, tiles - 1 - blockIdx.x, nullptr);
+  fwd_apply_tile<T, V, kBatchForward>(a, tiles - 1 - blockIdx.x, nullptr);
   record(a, 2, 1);
 }
 
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
   int visited = 0;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const bool is_last = t + gridDim.x >= tiles;
-    fwd_tile<T, V>(a, t, is_last ? keep : nullptr, scratch);
+    fwd_tile<T, V, kBatchOnepassForward>(a, t, is_last ? keep : nullptr, scratch);
     if (is_last) last = t;
     ++visited;
   }
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
   grid.sync();
   int applied = 0;
   for (int64_t t = last; t >= 0; t -= gridDim.x) {
-    fwd_apply_tile<T, V>(a, t, t == last ? keep : nullptr);
+    fwd_apply_tile<T, V, kBatchOnepassForward>(a, t, t == last ? keep : nullptr);
     ++applied;
   }
   record(a, 2, applied);

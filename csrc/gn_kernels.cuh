@@ -22,7 +22,7 @@ constexpr int kThreads = 256;
 // 64K / (blocks * kThreads)). Chosen as the tightest budgets that compile without spills for
 // 16-byte vectors on every arch (tests/test_multiarch_compile.py checks): the forward keeps
 // 3 x 8 floats per channel group in registers, the backward 6 x 8.
-constexpr int kMinBlocksForward = 3;
+constexpr int kMinBlocksForward = 2;
 constexpr int kMinBlocksBackward = 2;
 constexpr int kMinBlocksOnepass = 2;
 // Partials summed by one level item; must equal gn_module.schedule.FANIN (checked at launch).
@@ -130,6 +130,31 @@ __device__ __forceinline__ int64_t tiles_after(const GnArgs& a, int level) {
 }
 __device__ __forceinline__ int64_t final_tiles(const GnArgs& a) { return tiles_after(a, a.nlevels); }
 
+// Rows of a tile that one thread owns, visited in batches of U: the U loads of a batch all issue
+// before the first is used, so every thread keeps U (backward: 2U) 16-byte loads in flight.
+// `load(r, u)` fills slot u with row r, `use(r, u)` consumes it.
+template <int U, typename Load, typename Use>
+__device__ __forceinline__ void rows_in_batches(int64_t first, int64_t rows, int step, Load&& load, Use&& use) {
+  for (int64_t r0 = first; r0 < rows; r0 += static_cast<int64_t>(step) * U) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t r = r0 + static_cast<int64_t>(u) * step;
+      if (r < rows) load(r, u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t r = r0 + static_cast<int64_t>(u) * step;
+      if (r < rows) use(r, u);
+    }
+  }
+}
+// Rows per batch: the streaming kernels of the two-pass schedule, and the one-pass kernel (which
+// also carries the reduction phases and must stay within 128 registers for 2 blocks per SM).
+constexpr int kBatchForward = 4;
+constexpr int kBatchBackward = 2;
+constexpr int kBatchOnepassForward = 1;
+constexpr int kBatchOnepassBackward = 1;
+
 // ---------------------------------------------------------------- in-tile channel reduction
 // Sums each thread's V per-channel values over the rows of the tile, in a fixed order: first
 // across the lanes of a warp that share a column (xor butterfly, symmetric so every lane holds
@@ -176,7 +201,7 @@ __device__ void reduce_columns(const GnArgs& a, const Lane& lane, float* scratch
 // ---------------------------------------------------------------- forward phases
 // Per-tile, per-channel sums of (x - K) and (x - K)^2 with K = x[n, row 0, first channel of the
 // group]: a shift shared by every tile of the slice keeps the variance exact for large means.
-template <typename T, int V>
+template <typename T, int V, int U>
 __device__ void fwd_tile(const GnArgs& a, int64_t tile_id, T* keep, float* scratch) {
   const Tile tile(a, tile_id);
   const Lane lane(a);
@@ -196,17 +221,19 @@ __device__ void fwd_tile(const GnArgs& a, int64_t tile_id, T* keep, float* scrat
       shift[v] = valid ? to_float(row0[static_cast<int64_t>(grp[v]) * (a.c / a.g)]) : 0.f;
     }
     if (valid) {
-#pragma unroll 4
-      for (int64_t r = lane.row; r < tile.rows; r += a.rows_threads) {
-        const Pack<T, V> p = load_pack<T, V>(x + r * a.c + j * V);
-        if (keep != nullptr) *reinterpret_cast<Pack<T, V>*>(keep + r * a.c + j * V) = p;
+      Pack<T, V> buf[U];
+      rows_in_batches<U>(
+          lane.row, tile.rows, a.rows_threads,
+          [&](int64_t r, int u) { buf[u] = load_pack<T, V>(x + r * a.c + j * V); },
+          [&](int64_t r, int u) {
+            if (keep != nullptr) *reinterpret_cast<Pack<T, V>*>(keep + r * a.c + j * V) = buf[u];
 #pragma unroll
-        for (int v = 0; v < V; ++v) {
-          const float e = to_float(p.v[v]) - shift[v];
-          s1[v] += e;
-          s2[v] = fmaf(e, e, s2[v]);
-        }
-      }
+            for (int v = 0; v < V; ++v) {
+              const float e = to_float(buf[u].v[v]) - shift[v];
+              s1[v] += e;
+              s2[v] = fmaf(e, e, s2[v]);
+            }
+          });
     }
     reduce_columns<V>(a, lane, scratch, s1, s2, out, static_cast<int64_t>(chunk) * a.cols_threads * V);
   }
@@ -286,7 +313,7 @@ __device__ void fwd_combine_items(const GnArgs& a, int64_t first_warp, int64_t w
   }
 }
 
-template <typename T, int V>
+template <typename T, int V, int U>
 __device__ void fwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep) {
   const Tile tile(a, tile_id);
   const Lane lane(a);
@@ -307,20 +334,23 @@ __device__ void fwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep) 
       scale[v] = a.rstd[ng] * load_param(a.weight, a.w_dtype, c, 1.f);
       beta[v] = load_param(a.bias, a.w_dtype, c, 0.f);
     }
-#pragma unroll 4
-    for (int64_t r = lane.row; r < tile.rows; r += a.rows_threads) {
-      const int64_t off = r * a.c + j * V;
-      const Pack<T, V> p = keep != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep + off)
-                                           : load_pack<T, V>(x + off);
-      Pack<T, V> q;
+    Pack<T, V> buf[U];
+    rows_in_batches<U>(
+        lane.row, tile.rows, a.rows_threads,
+        [&](int64_t r, int u) {
+          const int64_t off = r * a.c + j * V;
+          buf[u] = keep != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep + off) : load_pack<T, V>(x + off);
+        },
+        [&](int64_t r, int u) {
+          Pack<T, V> q;
 #pragma unroll
-      for (int v = 0; v < V; ++v) {
-        float z = fmaf(to_float(p.v[v]) - mean[v], scale[v], beta[v]);
-        if (a.act == 1) z *= sigmoid(z);
-        q.v[v] = from_float<T>(z);
-      }
-      store_pack_streaming<T, V>(y + off, q);
-    }
+          for (int v = 0; v < V; ++v) {
+            float z = fmaf(to_float(buf[u].v[v]) - mean[v], scale[v], beta[v]);
+            if (a.act == 1) z *= sigmoid(z);
+            q.v[v] = from_float<T>(z);
+          }
+          store_pack_streaming<T, V>(y + r * a.c + j * V, q);
+        });
   }
 }
 
@@ -353,7 +383,7 @@ __device__ __forceinline__ float grad_z(const GnArgs& a, float dy, float xhat, c
   return dy * s * fmaf(z, 1.f - s, 1.f);
 }
 
-template <typename T, int V>
+template <typename T, int V, int U>
 __device__ void bwd_tile(const GnArgs& a, int64_t tile_id, T* keep_x, T* keep_dy, float* scratch) {
   const Tile tile(a, tile_id);
   const Lane lane(a);
@@ -369,23 +399,26 @@ __device__ void bwd_tile(const GnArgs& a, int64_t tile_id, T* keep_x, T* keep_dy
     for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
     if (valid) {
       load_coefs<V>(a, tile.n, j * V, k);
-#pragma unroll 2
-      for (int64_t r = lane.row; r < tile.rows; r += a.rows_threads) {
-        const int64_t off = r * a.c + j * V;
-        const Pack<T, V> px = load_pack<T, V>(x + off);
-        const Pack<T, V> pd = load_pack<T, V>(dy + off);
-        if (keep_x != nullptr) {
-          *reinterpret_cast<Pack<T, V>*>(keep_x + off) = px;
-          *reinterpret_cast<Pack<T, V>*>(keep_dy + off) = pd;
-        }
+      Pack<T, V> bx[U], bd[U];
+      rows_in_batches<U>(
+          lane.row, tile.rows, a.rows_threads,
+          [&](int64_t r, int u) {
+            bx[u] = load_pack<T, V>(x + r * a.c + j * V);
+            bd[u] = load_pack<T, V>(dy + r * a.c + j * V);
+          },
+          [&](int64_t r, int u) {
+            if (keep_x != nullptr) {
+              *reinterpret_cast<Pack<T, V>*>(keep_x + r * a.c + j * V) = bx[u];
+              *reinterpret_cast<Pack<T, V>*>(keep_dy + r * a.c + j * V) = bd[u];
+            }
 #pragma unroll
-        for (int v = 0; v < V; ++v) {
-          const float xhat = (to_float(px.v[v]) - k[v].mean) * k[v].rstd;
-          const float dz = grad_z(a, to_float(pd.v[v]), xhat, k[v]);
-          s1[v] = fmaf(dz, xhat, s1[v]);
-          s2[v] += dz;
-        }
-      }
+            for (int v = 0; v < V; ++v) {
+              const float xhat = (to_float(bx[u].v[v]) - k[v].mean) * k[v].rstd;
+              const float dz = grad_z(a, to_float(bd[u].v[v]), xhat, k[v]);
+              s1[v] = fmaf(dz, xhat, s1[v]);
+              s2[v] += dz;
+            }
+          });
     }
     reduce_columns<V>(a, lane, scratch, s1, s2, out, static_cast<int64_t>(chunk) * a.cols_threads * V);
   }
@@ -430,7 +463,7 @@ __device__ inline void bwd_param_items(const GnArgs& a, int64_t first_warp, int6
   }
 }
 
-template <typename T, int V>
+template <typename T, int V, int U>
 __device__ void bwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep_x, const T* keep_dy) {
   const Tile tile(a, tile_id);
   const Lane lane(a);
@@ -454,22 +487,24 @@ __device__ void bwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep_x
       ga[v] = gs.x * inv_count;
       gb[v] = gs.y * inv_count;
     }
-#pragma unroll 2
-    for (int64_t r = lane.row; r < tile.rows; r += a.rows_threads) {
-      const int64_t off = r * a.c + j * V;
-      const Pack<T, V> px = keep_x != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep_x + off)
-                                              : load_pack<T, V>(x + off);
-      const Pack<T, V> pd = keep_dy != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep_dy + off)
-                                               : load_pack<T, V>(dy + off);
-      Pack<T, V> q;
+    Pack<T, V> bx[U], bd[U];
+    rows_in_batches<U>(
+        lane.row, tile.rows, a.rows_threads,
+        [&](int64_t r, int u) {
+          const int64_t off = r * a.c + j * V;
+          bx[u] = keep_x != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep_x + off) : load_pack<T, V>(x + off);
+          bd[u] = keep_dy != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep_dy + off) : load_pack<T, V>(dy + off);
+        },
+        [&](int64_t r, int u) {
+          Pack<T, V> q;
 #pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const float xhat = (to_float(px.v[v]) - k[v].mean) * k[v].rstd;
-        const float dz = grad_z(a, to_float(pd.v[v]), xhat, k[v]);
-        q.v[v] = from_float<T>(k[v].rstd * (dz * k[v].gamma - fmaf(xhat, ga[v], gb[v])));
-      }
-      store_pack_streaming<T, V>(dx + off, q);
-    }
+          for (int v = 0; v < V; ++v) {
+            const float xhat = (to_float(bx[u].v[v]) - k[v].mean) * k[v].rstd;
+            const float dz = grad_z(a, to_float(bd[u].v[v]), xhat, k[v]);
+            q.v[v] = from_float<T>(k[v].rstd * (dz * k[v].gamma - fmaf(xhat, ga[v], gb[v])));
+          }
+          store_pack_streaming<T, V>(dx + r * a.c + j * V, q);
+        });
   }
 }
 
