@@ -19,9 +19,13 @@ def main() -> int:
     try:
         import torch
 
-        torch.cuda.set_device(int(request["device"]))
+        device = request["device"]
+        if device != "cpu":
+            torch.cuda.set_device(int(device))
         case = case_from_json(request["case"])
-        result = check_case(case, load_impl(request["impl"]), int(request["seed"]))
+        result = check_case(
+            case, load_impl(request["impl"]), int(request["seed"]), "cpu" if device == "cpu" else None
+        )
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # surface asynchronous device errors inside this case
     except Exception as exc:  # report the failure as data: the parent shows it as a failed case

@@ -195,6 +195,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     from pytest_gn.summary import summary_lines
 
+    if config.option.collectonly:
+        return  # nothing ran; the sweep matrix would only cost compile time
     state = _state(config)
     lines = summary_lines(state)
     if lines:

@@ -169,7 +169,7 @@ def case_from_json(data: dict[str, Any]) -> GnCase:
 
 
 def check_case_in_child(
-    case: GnCase, impl_spec: str, seed: int, device_index: int, timeout: float = 900
+    case: GnCase, impl_spec: str, seed: int, device_index: int | str, timeout: float = 900
 ) -> CaseResult:
     """`check_case` in a fresh interpreter; a crash or timeout is a failed case with stderr."""
     payload = json.dumps(
