@@ -1,0 +1,86 @@
+"""The Python API on the CPU: argument errors in torch's wording, the native fallback, the module."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gn_module
+from gn_module.functional import fast_path_reason
+
+
+def test_fallback_matches_torch_with_and_without_silu():
+    x = torch.randn(2, 12, 5, 7)
+    w, b = torch.randn(12), torch.randn(12)
+    torch.testing.assert_close(gn_module.group_norm(x, 3, w, b), F.group_norm(x, 3, w, b))
+    torch.testing.assert_close(gn_module.group_norm(x, 3, w, b, act="silu"), F.silu(F.group_norm(x, 3, w, b)))
+
+
+def test_fallback_with_fp32_params_and_half_input():
+    x = torch.randn(2, 8, 4, 4).to(torch.bfloat16)
+    w, b = torch.randn(8), torch.randn(8)
+    y = gn_module.group_norm(x, 4, w, b)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), F.group_norm(x.float(), 4, w, b), atol=2e-2, rtol=2e-2)
+
+
+def test_fallback_gradients():
+    x = torch.randn(2, 8, 3, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: gn_module.group_norm(*a[:1], 2, *a[1:], act="silu"), (x, w, b))
+
+
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda x: gn_module.group_norm(x, 5), ValueError, "divisible by num_groups"),
+        (lambda x: gn_module.group_norm(x, 0), ValueError, "num_groups"),
+        (lambda x: gn_module.group_norm(x, 2, torch.ones(3)), ValueError, "weight"),
+        (lambda x: gn_module.group_norm(x, 2, None, torch.ones(8, 1)), ValueError, "bias"),
+        (lambda x: gn_module.group_norm(x.long(), 2), TypeError, "floating-point"),
+        (lambda x: gn_module.group_norm(x[0, 0, 0], 2), ValueError, "at least 2 dimensions"),
+        (lambda x: gn_module.group_norm(x, 2, act="relu"), ValueError, "unsupported act"),
+        (lambda x: gn_module.group_norm(x, 2, eps=0.0), ValueError, "eps"),
+        (lambda x: gn_module.group_norm(x, 2, passes=3), ValueError, "passes"),
+        (lambda x: gn_module.group_norm(x, 2, torch.ones(8, dtype=torch.int32)), TypeError, "floating point"),
+        (lambda x: gn_module.group_norm(x, 2, torch.ones(8), torch.ones(8).double()), TypeError, "share"),
+        (lambda x: gn_module.group_norm(x, 2, torch.ones(8, device="meta")), RuntimeError, "same device"),
+    ],
+)
+def test_bad_input_is_a_clear_exception(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(torch.randn(2, 8, 4, 4))
+
+
+def test_empty_input_behaves_like_torch():
+    x = torch.randn(0, 8, 4, 4)
+    assert gn_module.group_norm(x, 2).shape == x.shape
+
+
+def test_fast_path_reasons():
+    assert "cpu" in fast_path_reason(torch.randn(2, 8, 4, 4), None)
+
+
+def test_module_is_a_drop_in():
+    ours = gn_module.GroupNorm(4, 16, eps=1e-6, act="silu")
+    theirs = torch.nn.GroupNorm(4, 16, eps=1e-6)
+    assert isinstance(ours, torch.nn.GroupNorm)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    assert "act='silu'" in repr(ours) and "eps=1e-06" in repr(ours)
+    x = torch.randn(2, 16, 3, 3)
+    torch.testing.assert_close(ours(x), F.silu(theirs(x)))
+    assert torch.equal(ours.weight, torch.ones(16)) and torch.equal(ours.bias, torch.zeros(16))
+    with pytest.raises(ValueError, match="unsupported act"):
+        gn_module.GroupNorm(4, 16, act="gelu")
+
+
+def test_importing_the_package_does_not_import_torch_modules_eagerly():
+    import subprocess
+    import sys
+
+    code = "import sys, gn_module, gn_module.schedule; print('gn_module.ops' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
