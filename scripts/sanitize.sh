@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# compute-sanitizer's four tools over scripts/sanitize_workload.py; prints one summary line per tool.
+# Usage: bash scripts/sanitize.sh [LOGDIR]
+set -uo pipefail
+out=${1:-sanitize-logs}
+mkdir -p "$out"
+python3 -c "import torch; from gn_module import build; build.load(None, torch.cuda.get_device_capability())"
+status=0
+for tool in memcheck racecheck synccheck initcheck; do
+  # Only our kernels are checked (torch's own kernels are not ours to fix).
+  compute-sanitizer --tool "$tool" --kernel-name regex:"gn::|fwd_|bwd_|level_" --error-exitcode 9 \
+    python3 scripts/sanitize_workload.py >"$out/$tool.log" 2>&1
+  rc=$?
+  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log" | tail -n 1)
+  echo "$tool: exit $rc; ${summary:-no summary line}; $(grep -c 'all results correct' "$out/$tool.log") workload pass"
+  [ "$rc" -eq 0 ] || status=1
+done
+exit $status
