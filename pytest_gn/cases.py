@@ -10,6 +10,7 @@ schedule model for an emulated profile, or from a residency cap. All shapes come
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
@@ -215,39 +216,61 @@ class GnCase:
         }  # fmt: skip
 
 
-def shape_for_tiles(spec: CaseSpec, tiles: int) -> tuple[int, ...]:
-    """(N, C, H, W) with exactly `tiles` one-pass tiles: H = tiles per slice, W = rows per tile."""
+def shape_for_tiles(spec: CaseSpec, tiles: int) -> tuple[tuple[int, ...], schedule.Tiling]:
+    """(N, C, H, W) with exactly `tiles` one-pass tiles (H = tiles per slice, W = rows per tile),
+    and the model's tiling of it."""
     batch = 2 if tiles % 2 == 0 and tiles >= 2 else 1  # two samples when the count splits evenly
     rows = schedule.slice_for_tiles(spec.channels, spec.groups, spec.itemsize, spec.direction, batch, tiles)
-    t = spec.tiling(rows)
-    assert_tiles = batch * t.tiles_per_slice
-    if assert_tiles != tiles:
-        raise RuntimeError(f"schedule model gave {assert_tiles} tiles for {spec.id}, wanted {tiles}")
-    return (batch, spec.channels, t.tiles_per_slice, t.rows_per_tile)
+    t = schedule.tiling(spec.channels, spec.groups, rows, spec.itemsize, spec.direction, batch=batch)
+    if batch * t.tiles_per_slice != tiles:
+        raise RuntimeError(
+            f"schedule model gave {batch * t.tiles_per_slice} tiles for {spec.id}, wanted {tiles}"
+        )
+    return (batch, spec.channels, t.tiles_per_slice, t.rows_per_tile), t
+
+
+Residency = int | Callable[[schedule.Tiling], int]
 
 
 def resolve(
     spec: CaseSpec,
-    residency: int,
+    residency: Residency,
     *,
     cap: int | None = None,
-    device_residency: int | None = None,
+    cap_at_residency: bool = False,
+    device_residency: Residency | None = None,
     variant: str | None = None,
     notes: tuple[str, ...] = (),
 ) -> GnCase:
-    """The concrete case for a one-pass residency `residency` (already reduced by any cap).
+    """The concrete case for a one-pass residency (a number, or a function of the tiling).
 
-    `device_residency` is what the GPU running the case really holds; when it is below the
-    emulated residency the grid is the device's, and a note says so.
+    The tile size depends on the tensor (small tensors get smaller tiles, hence other shared
+    memory and residency), so the residency is re-evaluated on the tiling of the generated shape
+    until both agree. `cap` lowers it (a residency cap in force); `cap_at_residency` caps the
+    grid at the residency itself (profile emulation). `device_residency` is what the GPU running
+    the case really holds; when it is below the emulated residency the grid is the device's.
     """
-    if residency < 1:
-        raise ValueError(f"{spec.id}: one-pass residency is {residency}: the one-pass kernel cannot run")
-    tiles = spec.ratio.tiles(residency)
-    grid = min(tiles, residency)
-    if device_residency is not None and device_residency < grid:
-        notes = (*notes, f"grid limited by the device ({device_residency} < emulated {residency})")
-        grid = device_residency
-    return GnCase(spec, shape_for_tiles(spec, tiles), residency, tiles, cap, grid, variant, tuple(notes))
+    of = residency if callable(residency) else (lambda _t, r=residency: r)
+    t = spec.tiling()  # the largest tiles, which any overflow of >= MIN_TILES tiles uses
+    for _ in range(4):
+        r = of(t) if cap is None else min(of(t), cap)
+        if r < 1:
+            raise ValueError(f"{spec.id}: one-pass residency is {r}: the one-pass kernel cannot run")
+        tiles = spec.ratio.tiles(r)
+        shape, shaped = shape_for_tiles(spec, tiles)
+        if shaped.rows_per_tile == t.rows_per_tile:
+            break
+        t = shaped
+    else:
+        raise RuntimeError(f"{spec.id}: no shape whose tiling agrees with its own residency")
+    grid = min(tiles, r)
+    if device_residency is not None:
+        dev = device_residency(t) if callable(device_residency) else device_residency
+        if dev < grid:
+            notes = (*notes, f"grid limited by the device ({dev} < emulated {r})")
+            grid = dev
+    cap_used = r if cap_at_residency else cap
+    return GnCase(spec, shape, r, tiles, cap_used, grid, variant, tuple(notes))
 
 
 def resolve_foreign(spec: CaseSpec, sm_count: int, max_blocks_per_sm: int) -> GnCase:

@@ -19,19 +19,21 @@ def resolve_for_device(spec: CaseSpec, state: Any, device: Any) -> GnCase:
         return resolve_foreign(spec, device.sm_count, device.limits.max_blocks_per_sm)
     from gn_module import ops
 
-    t = spec.tiling()
+    index, dtype = device.index, spec.torch_dtype
     if spec.profile is not None:
         static = state.sweep.static(spec.profile)
         if static.report is None:
             pytest.skip(f"profile {spec.profile}: {static.error}")
-        with ops.build_variant(ptx_variant(static.profile, device.cc)):
-            device_residency = ops.onepass_residency(t, spec.torch_dtype, device.index)
-        return state.sweep.resolve_case(spec, device, device_residency)
-    natural = ops.onepass_residency(t, spec.torch_dtype, device.index)
-    if natural < 1:
+        variant = ptx_variant(static.profile, device.cc)
+
+        def on_device(t: Any) -> int:
+            with ops.build_variant(variant):
+                return ops.onepass_residency(t, dtype, index)
+
+        return state.sweep.resolve_case(spec, device, on_device)
+    if ops.onepass_residency(spec.tiling(), dtype, index) < 1:
         pytest.skip(f"{spec.config} cannot run one-pass on {device.name} (residency 0)")
     cap = opts.max_resident
     if spec.variant == "capped":
         cap = spec.cap if cap is None else min(cap, spec.cap)
-    residency = natural if cap is None else min(natural, cap)
-    return resolve(spec, residency, cap=cap)
+    return resolve(spec, lambda t: ops.onepass_residency(t, dtype, index), cap=cap)

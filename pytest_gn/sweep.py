@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from gn_module import resources, schedule
 from gn_module.schedule import DeviceLimits
-from pytest_gn.cases import CaseSpec, GnCase, resolve
+from pytest_gn.cases import CaseSpec, GnCase, Residency, resolve
 from pytest_gn.device import MAIN_CONFIGS, GnDevice, kernel_configs
 
 
@@ -77,20 +77,21 @@ class Sweep:
         self.compile_all()
         return self._static[name]
 
-    def resolve_case(self, spec: CaseSpec, device: GnDevice | None, device_residency: int | None) -> GnCase:
+    def resolve_case(
+        self, spec: CaseSpec, device: GnDevice | None, device_residency: Residency | None
+    ) -> GnCase:
         """A profile's case: tiles from the profile's modelled residency, grid capped at it."""
         if spec.profile is None:
             raise ValueError(f"{spec.id} is not a profile case")
         st = self.static(spec.profile)
         res = st.resources(spec.config)
-        residency = schedule.model_residency(st.profile, res, spec.tiling())
         variant = ptx_variant(st.profile, device.cc) if device is not None else None
         notes: tuple[str, ...] = ()
         if device is not None and variant is None:
             notes = (f"arch code not exercised: {st.profile.arch} > device {device.arch}; "
                      "native build under the profile's residency cap",)  # fmt: skip
-        return resolve(spec, residency, cap=residency, device_residency=device_residency,
-                       variant=variant, notes=notes)  # fmt: skip
+        return resolve(spec, lambda t: schedule.model_residency(st.profile, res, t), cap_at_residency=True,
+                       device_residency=device_residency, variant=variant, notes=notes)  # fmt: skip
 
 
 def main_numbers(st: ProfileStatic) -> dict[str, str]:

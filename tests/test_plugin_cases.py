@@ -27,9 +27,24 @@ def test_resolved_shape_has_exact_tiles(ratio: str, direction: str, dtype: str) 
     r = Ratio.parse(ratio)
     assert case.tiles == r.mult * 37 + r.plus
     n, c, h, w = case.shape
-    t = schedule.tiling(c, spec.groups, h * w, spec.itemsize, direction)
+    t = schedule.tiling(c, spec.groups, h * w, spec.itemsize, direction, batch=n)
     assert n * t.tiles_per_slice == case.tiles  # the model's own tiling of the shape
     assert case.expected_grid == 37 and case.overflow_tiles == case.tiles - 37
+
+
+def test_residency_follows_the_tiling_of_the_generated_shape() -> None:
+    # Small totals get small tiles (less shared memory, more blocks): the residency used for the
+    # shape must be the one of the shape's own tiling.
+    orin = profiles.get_profile("Orin")
+    spec = _spec("x1", "bwd", "fp32")
+
+    def modelled(t: schedule.Tiling) -> int:
+        return schedule.model_residency(orin, schedule.KernelResources(32), t)
+
+    case = resolve(spec, modelled)
+    n, c, h, w = case.shape
+    t = schedule.tiling(c, spec.groups, h * w, spec.itemsize, "bwd", batch=n)
+    assert case.residency == modelled(t) and case.tiles == n * t.tiles_per_slice
 
 
 def test_ids_are_readable_and_unique() -> None:
@@ -66,8 +81,8 @@ def _fake_sweep(regs: int) -> Sweep:
     return sweep
 
 
-@pytest.mark.parametrize(("regs", "per_sm"), [(64, 3), (128, 2)])
-def test_profile_case_uses_modelled_residency(regs: int, per_sm: int) -> None:
+@pytest.mark.parametrize("regs", [64, 128])
+def test_profile_case_uses_modelled_residency(regs: int) -> None:
     sweep = _fake_sweep(regs)
     spec = _spec("x2p1", profile="Fake")
     t = spec.tiling()
@@ -77,7 +92,12 @@ def test_profile_case_uses_modelled_residency(regs: int, per_sm: int) -> None:
     )
     h200 = GnDevice(0, "H200", (9, 0), 132, profiles.get_profile("H200"), 0, "native")
     case = sweep.resolve_case(spec, h200, device_residency=10_000)
-    assert (case.residency, case.cap, case.tiles) == (expect, expect, 2 * expect + 1)
+    n, c, h, w = case.shape  # small totals get smaller tiles: the residency is the shape's own
+    own = schedule.model_residency(
+        FAKE, schedule.KernelResources(regs), schedule.tiling(c, 16, h * w, 2, "fwd", batch=n)
+    )
+    assert (case.residency, case.cap, case.tiles) == (own, own, 2 * own + 1)
+    assert own >= expect
     assert case.variant == "compute_86" and case.notes == ()
     old = GnDevice(0, "A100", (8, 0), 108, profiles.get_profile("A100"), 0, "native")
     case = sweep.resolve_case(spec, old, device_residency=10_000)
