@@ -95,17 +95,22 @@ def local_device(with_residency: bool = True) -> GnDevice:
         total_memory=int(props.total_memory), build=f"native ({limits.arch})",
     )  # fmt: skip
     if with_residency:
-        try:
-            from gn_module import ops
-
-            variant = ops.current_variant()
-            if variant:
-                dev.build = f"PTX {variant}"
-            for name, dtype, t in kernel_configs():
-                dev.residency[name] = ops.onepass_residency(t, dtype, index)
-        except Exception as exc:  # a build failure must not hide the device line
-            dev.error = f"{type(exc).__name__}: {exc}"
+        fill_residency(dev)
     return dev
+
+
+def fill_residency(dev: GnDevice) -> None:
+    """Read each one-pass configuration's residency from the occupancy API (builds gn_module)."""
+    try:
+        from gn_module import ops
+
+        variant = ops.current_variant()
+        if variant:
+            dev.build = f"PTX {variant}"
+        for name, dtype, t in kernel_configs():
+            dev.residency[name] = ops.onepass_residency(t, dtype, dev.index)
+    except Exception as exc:  # a build failure must not hide the device line
+        dev.error = f"{type(exc).__name__}: {exc}"
 
 
 def free_memory(index: int) -> int:

@@ -59,7 +59,16 @@ class GnState:
             self._device_reason = dev.cuda_unavailable_reason()
             if self._device_reason is None:
                 dev.select_worker_gpu()
-                self._device = dev.local_device(with_residency)
+                self._device = dev.local_device(with_residency=False)
+        if (
+            with_residency
+            and self._device is not None
+            and not self._device.residency
+            and not self._device.error
+        ):
+            from pytest_gn import device as dev
+
+            dev.fill_residency(self._device)
         return self._device, self._device_reason
 
 
