@@ -8,7 +8,7 @@ python3 -c "import torch; from gn_module import build; build.load(None, torch.cu
 status=0
 for tool in memcheck racecheck synccheck initcheck; do
   # Only our kernels are checked (torch's own kernels are not ours to fix).
-  compute-sanitizer --tool "$tool" --kernel-name regex:"gn::|fwd_|bwd_|level_" --error-exitcode 9 \
+  compute-sanitizer --tool "$tool" --kernel-name kns=_ZN2gn --error-exitcode 9 \
     python3 scripts/sanitize_workload.py >"$out/$tool.log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log" | tail -n 1)
