@@ -216,16 +216,19 @@ class GnCase:
         }  # fmt: skip
 
 
-def shape_for_tiles(spec: CaseSpec, tiles: int) -> tuple[tuple[int, ...], schedule.Tiling]:
-    """(N, C, H, W) with exactly `tiles` one-pass tiles (H = tiles per slice, W = rows per tile),
-    and the model's tiling of it."""
-    batch = 2 if tiles % 2 == 0 and tiles >= 2 else 1  # two samples when the count splits evenly
-    rows = schedule.slice_for_tiles(spec.channels, spec.groups, spec.itemsize, spec.direction, batch, tiles)
+def shape_for_tiles(
+    spec: CaseSpec, tiles: int, rows_per_tile: int
+) -> tuple[tuple[int, ...], schedule.Tiling] | None:
+    """(N, C, H, W) with exactly `tiles` one-pass tiles of `rows_per_tile` rows (H = tiles per
+    slice, W = rows per tile) and the model's tiling of it; None when that tile height cannot
+    give that many tiles."""
+    found = schedule.batch_rows_for_tiles(
+        spec.channels, spec.groups, spec.itemsize, spec.direction, tiles, rows_per_tile
+    )
+    if found is None:
+        return None
+    batch, rows = found
     t = schedule.tiling(spec.channels, spec.groups, rows, spec.itemsize, spec.direction, batch=batch)
-    if batch * t.tiles_per_slice != tiles:
-        raise RuntimeError(
-            f"schedule model gave {batch * t.tiles_per_slice} tiles for {spec.id}, wanted {tiles}"
-        )
     return (batch, spec.channels, t.tiles_per_slice, t.rows_per_tile), t
 
 
@@ -251,18 +254,22 @@ def resolve(
     the case really holds; when it is below the emulated residency the grid is the device's.
     """
     of = residency if callable(residency) else (lambda _t, r=residency: r)
-    t = spec.tiling()  # the largest tiles, which any overflow of >= MIN_TILES tiles uses
-    for _ in range(4):
-        r = of(t) if cap is None else min(of(t), cap)
+    # The residency depends on the tile height (shared memory), and the tile height on the tile
+    # count (small tensors get short tiles): fix the height first, then find a shape with it.
+    for rows_per_tile in schedule.tile_row_choices(spec.channels, spec.itemsize, spec.direction):
+        probe = schedule.tiling(
+            spec.channels, spec.groups, rows_per_tile, spec.itemsize, spec.direction, batch=schedule.MIN_TILES
+        )
+        r = of(probe) if cap is None else min(of(probe), cap)
         if r < 1:
             raise ValueError(f"{spec.id}: one-pass residency is {r}: the one-pass kernel cannot run")
         tiles = spec.ratio.tiles(r)
-        shape, shaped = shape_for_tiles(spec, tiles)
-        if shaped.rows_per_tile == t.rows_per_tile:
+        found = shape_for_tiles(spec, tiles, rows_per_tile)
+        if found is not None:
+            shape, t = found
             break
-        t = shaped
     else:
-        raise RuntimeError(f"{spec.id}: no shape whose tiling agrees with its own residency")
+        raise RuntimeError(f"{spec.id}: no shape has {tiles} tiles of any tile height the model allows")
     grid = min(tiles, r)
     if device_residency is not None:
         dev = device_residency(t) if callable(device_residency) else device_residency

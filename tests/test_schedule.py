@@ -112,3 +112,19 @@ def test_slice_for_tiles_inverts_tiling():
             t = tiling(128, 16, rows, 2, "bwd", batch=batch)
             assert batch * t.tiles_per_slice >= tiles
             assert batch * (t.tiles_per_slice - 1) < tiles
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("tiles", [1, 2, 3, 82, 165, 255, 256, 329, 529, 4000])
+def test_batch_rows_for_tiles_gives_exact_tile_counts(direction, tiles):
+    heights = schedule.tile_row_choices(128, 2, direction)
+    found_any = False
+    for rows_per_tile in heights:
+        found = schedule.batch_rows_for_tiles(128, 16, 2, direction, tiles, rows_per_tile)
+        if found is None:
+            continue
+        found_any = True
+        batch, rows = found
+        t = tiling(128, 16, rows, 2, direction, batch=batch)
+        assert (t.rows_per_tile, batch * t.tiles_per_slice) == (rows_per_tile, tiles)
+    assert found_any  # the short tiles reach any count

@@ -129,7 +129,7 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library(device: int, variant: str | None = None) -> ctypes.CDLL:
     """The compiled library for `device` (built on first use); cached, it is on every call's path."""
     return build.load(variant, torch.cuda.get_device_capability(device))

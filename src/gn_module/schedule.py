@@ -280,12 +280,38 @@ def model_residency(limits: DeviceLimits, res: KernelResources, t: Tiling) -> in
     return blocks_per_sm(limits, res, THREADS, t.onepass_smem) * limits.sm_count
 
 
+def tile_row_choices(channels: int, itemsize: int, direction: str) -> tuple[int, ...]:
+    """The two tile heights `tiling` produces for tensors that have rows to spare: the largest
+    (big tensors) and MIN_TILE_ROWS (small ones), largest first."""
+    largest = max_tile_rows(channels, itemsize, direction)
+    return tuple(dict.fromkeys((largest, min(MIN_TILE_ROWS, largest))))
+
+
+def batch_rows_for_tiles(
+    channels: int, groups: int, itemsize: int, direction: str, tiles: int, rows_per_tile: int
+) -> tuple[int, int] | None:
+    """(batch, rows per slice) whose tiling has exactly `tiles` tiles of `rows_per_tile` rows.
+
+    Used to generate overflow shapes from residencies (the residency depends on the tile height,
+    so callers fix the height first). Tries two samples, one sample, and one tile per sample;
+    every candidate is checked against `tiling` itself. None when no candidate fits.
+    """
+    if tiles < 1 or rows_per_tile < 1:
+        raise ValueError(f"need tiles >= 1 and rows_per_tile >= 1, got {tiles} and {rows_per_tile}")
+    candidates = [(b, tiles // b * rows_per_tile) for b in (2, 1) if tiles % b == 0]
+    candidates.append((tiles, rows_per_tile))
+    for batch, rows in candidates:
+        t = tiling(channels, groups, rows, itemsize, direction, batch=batch)
+        if t.rows_per_tile == rows_per_tile and batch * t.tiles_per_slice == tiles:
+            return batch, rows
+    return None
+
+
 def slice_for_tiles(channels: int, groups: int, itemsize: int, direction: str, batch: int, tiles: int) -> int:
     """Rows per slice so that `batch` slices hold at least `tiles` tiles in total.
 
-    Used to generate overflow shapes from residencies. Totals of at least MIN_TILES get the
-    largest tiles; smaller totals get MIN_TILE_ROWS-row tiles (see `tiling`). The result is
-    checked against `tiling` itself.
+    Totals of at least MIN_TILES get the largest tiles; smaller totals get MIN_TILE_ROWS-row tiles
+    (see `tiling`). The result is checked against `tiling` itself.
     """
     if tiles < batch:
         raise ValueError("need at least one tile per sample")
