@@ -23,7 +23,11 @@ def sweep_lines(state: Any) -> list[str]:
 
     sweep = state.sweep
     sweep.compile_all()
-    device, reason = state._device, state._device_reason
+    # Probe here too: under xdist the controller ran no case itself and has not looked yet.
+    try:
+        device, reason = state.device(with_residency=False)
+    except Exception as exc:  # the summary must never break the session
+        device, reason = None, f"{type(exc).__name__}: {exc}"
     rows, errors = [], []
     for p in state.selected:
         st = sweep.static(p.name)
