@@ -205,8 +205,8 @@ def choose_schedule(t: Tiling, batch: int, residency: int) -> int:
     """passes="auto": the two-pass schedule, everywhere, for now.
 
     Measured on the H200 (benchmarks/RESULTS.md, 2026-11-30): two-pass was as fast or faster than
-    one-pass on every benchmark shape, fp16 and bf16, forward and backward (one-pass is 1.4x
-    slower when it overflows and 1-10% slower when every tile fits on chip, where its three grid
+    one-pass on every benchmark shape, fp16 and bf16, forward and backward (one-pass was 1.1-1.4x
+    slower when it overflows and 10-17% slower when every tile fits on chip, where its grid
     barriers cost more than the second read saves). The rule lives here so that a faster
     one-pass kernel changes only this function; `t`, `batch` and `residency` are what it needs.
     """
