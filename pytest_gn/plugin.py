@@ -284,8 +284,9 @@ def gn_reference() -> Callable[..., Any]:
 def gn_assert_close() -> Callable[..., None]:
     """``gn_assert_close(actual, expected, dtype=None, name="output", terms=1)``: elementwise
     ``|a - e| <= atol + rtol * |e|`` with (rtol, atol) by result dtype: fp16 (1e-2, 1e-2), bf16
-    (2e-2, 2e-2), fp32 (1e-4, 1e-4); ``terms`` (values summed per element, e.g. N*H*W for
-    dweight/dbias) scales atol by its square root. Lists of tensors are compared pairwise."""
+    (2e-2, 3e-2), fp32 (1e-4, 1e-4) (gn_module.reference.TOLERANCES); ``terms`` (values summed
+    per element, e.g. N*H*W for dweight/dbias) scales atol by its square root. Lists of tensors
+    are compared pairwise."""
     from pytest_gn.reference import assert_close
 
     return assert_close
