@@ -306,7 +306,8 @@ __device__ void fwd_combine_items(const GnArgs& a, int64_t first_warp, int64_t w
       const float count = static_cast<float>(a.s) * static_cast<float>(d);
       const float shift = to_float(static_cast<const T*>(a.x)[n * a.s * a.c + g * d]);
       const float m = acc.x / count;
-      const float var = fmaxf(acc.y / count - m * m, 0.f);
+      const float v = acc.y / count - m * m;
+      const float var = v < 0.f ? 0.f : v;  // rounding can go below 0; NaN (from NaN/Inf input) stays NaN
       a.mean[item] = shift + m;
       a.rstd[item] = rsqrtf(var + a.eps);
     }
