@@ -25,7 +25,10 @@ NO_CUDA = not torch.cuda.is_available()
 
 
 def run_module(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # A child pytest must not inherit this run's xdist worker identity: pytest-benchmark disables
+    # itself (one round only) when it believes it runs under xdist.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["PYTHONPATH"] = SRC + os.pathsep + os.environ.get("PYTHONPATH", "")
     return subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, env=env, timeout=300, cwd=cwd, check=False
     )
