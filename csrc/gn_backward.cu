@@ -65,23 +65,7 @@ template <typename Cfg>
 int launch_backward(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
   constexpr int V = Cfg::vec;
-  const int64_t tiles = a.n * a.tiles_per_slice;
-  cudaError_t err;
-  if (a.schedule == 1) {
-    const void* kernel = reinterpret_cast<const void*>(bwd_onepass<T, V>);
-    if ((err = allow_smem(kernel, a.smem)) != cudaSuccess) return err;
-    GnArgs copy = a;
-    void* params[] = {&copy};
-    err = cudaLaunchCooperativeKernel(kernel, dim3(a.grid), dim3(kThreads), params, a.smem, stream);
-    return err != cudaSuccess ? err : cudaGetLastError();
-  }
-  bwd_tiles<T, V><<<static_cast<unsigned>(tiles), kThreads, a.smem, stream>>>(a);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  if ((err = static_cast<cudaError_t>(launch_levels(a, stream))) != cudaSuccess) return err;
-  bwd_combine<<<blocks_for(a.n * a.g, kWarps), kThreads, 0, stream>>>(a);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  bwd_apply<T, V><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_schedule(a, stream, bwd_onepass<T, V>, bwd_tiles<T, V>, bwd_combine, bwd_apply<T, V>);
 }
 
 int backward_occupancy(int dtype, int vec, int smem, int* blocks) {

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "gn_kernels.cuh"
+#include "gn_launch.h"
 
 namespace gn {
 
@@ -55,6 +56,31 @@ inline cudaError_t occupancy_of(const void* kernel, int smem, int* blocks) {
 inline unsigned blocks_for(int64_t items, int per_block) {
   const int64_t b = (items + per_block - 1) / per_block;
   return static_cast<unsigned>(b < 1 ? 1 : (b > (1 << 20) ? (1 << 20) : b));
+}
+
+using Kernel = void (*)(GnArgs);
+
+// Runs one direction's schedule: the one cooperative kernel, or the phase kernels in order
+// (tiles, reduction levels, combine, apply) on the same stream.
+inline int launch_schedule(const GnArgs& a, cudaStream_t stream, Kernel onepass, Kernel tiles, Kernel combine,
+                           Kernel apply) {
+  const int64_t n_tiles = a.n * a.tiles_per_slice;
+  cudaError_t err;
+  if (a.schedule == 1) {
+    const void* kernel = reinterpret_cast<const void*>(onepass);
+    if ((err = allow_smem(kernel, a.smem)) != cudaSuccess) return err;
+    GnArgs copy = a;
+    void* params[] = {&copy};
+    err = cudaLaunchCooperativeKernel(kernel, dim3(a.grid), dim3(kThreads), params, a.smem, stream);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  }
+  tiles<<<static_cast<unsigned>(n_tiles), kThreads, a.smem, stream>>>(a);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  if ((err = static_cast<cudaError_t>(launch_levels(a, stream))) != cudaSuccess) return err;
+  combine<<<blocks_for(a.n * a.g, kWarps), kThreads, 0, stream>>>(a);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  apply<<<static_cast<unsigned>(n_tiles), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 }  // namespace gn
