@@ -34,8 +34,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) bwd_onepass(GnArg
   float* scratch = scratch_region(2, tile_bytes);
   int64_t last = -1;
   int visited = 0;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const bool is_last = t + gridDim.x >= tiles;
+  const int64_t stride = overflow_stride(tiles);
+  for (int64_t t = blockIdx.x; t < tiles; t += stride) {
+    const bool is_last = t + stride >= tiles;
     bwd_tile<T, V, kBatchOnepassBackward>(a, t, is_last ? keep_x : nullptr, is_last ? keep_dy : nullptr, scratch);
     if (is_last) last = t;
     ++visited;
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) bwd_onepass(GnArg
   grid.sync();
   bwd_param_items(a, gwarp, (int64_t)gridDim.x * kWarps);
   int applied = 0;
-  for (int64_t t = last; t >= 0; t -= gridDim.x) {
+  for (int64_t t = last; t >= 0; t -= stride) {
     const bool kept = t == last;
     bwd_apply_tile<T, V, kBatchOnepassBackward>(a, t, kept ? keep_x : nullptr, kept ? keep_dy : nullptr);
     ++applied;

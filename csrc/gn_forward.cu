@@ -36,8 +36,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
   float* scratch = scratch_region(1, tile_bytes);
   int64_t last = -1;
   int visited = 0;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const bool is_last = t + gridDim.x >= tiles;
+  const int64_t stride = overflow_stride(tiles);
+  for (int64_t t = blockIdx.x; t < tiles; t += stride) {
+    const bool is_last = t + stride >= tiles;
     fwd_tile<T, V, kBatchOnepassForward>(a, t, is_last ? keep : nullptr, scratch);
     if (is_last) last = t;
     ++visited;
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
   fwd_combine_items<T>(a, (int64_t)blockIdx.x * kWarps + threadIdx.x / 32, (int64_t)gridDim.x * kWarps);
   grid.sync();
   int applied = 0;
-  for (int64_t t = last; t >= 0; t -= gridDim.x) {
+  for (int64_t t = last; t >= 0; t -= stride) {
     fwd_apply_tile<T, V, kBatchOnepassForward>(a, t, t == last ? keep : nullptr);
     ++applied;
   }

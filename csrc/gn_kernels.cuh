@@ -25,6 +25,17 @@ constexpr int kThreads = 256;
 constexpr int kMinBlocksForward = 2;
 constexpr int kMinBlocksBackward = 2;
 constexpr int kMinBlocksOnepass = 2;
+// GN_OVERFLOW_LOOP=0 compiles the one-pass kernels as if every tile had its own resident block
+// (no grid-stride over overflow tiles). Never for use: it exists so that
+// tests/test_overflow_cost.py can show what the overflow support costs in registers.
+#ifndef GN_OVERFLOW_LOOP
+#define GN_OVERFLOW_LOOP 1
+#endif
+// Tile stride of the one-pass kernels' tile loops.
+__device__ __forceinline__ int64_t overflow_stride(int64_t tiles) {
+  return GN_OVERFLOW_LOOP ? static_cast<int64_t>(gridDim.x) : tiles;
+}
+
 // Partials summed by one level item; must equal gn_module.schedule.FANIN (checked at launch).
 constexpr int kFanin = 32;
 constexpr int kWarps = kThreads / 32;

@@ -46,6 +46,10 @@ class BuildError(RuntimeError):
     """The CUDA library could not be built (nvcc missing or a compile error)."""
 
 
+class NvccNotFound(BuildError):
+    """No nvcc on this machine: the JIT build fails and compile-based checks skip."""
+
+
 def csrc_dir() -> Path:
     """Folder with the CUDA sources: $GN_CSRC_DIR, the installed package's, or the checkout's."""
     override = os.environ.get("GN_CSRC_DIR")
@@ -59,7 +63,12 @@ def csrc_dir() -> Path:
 
 
 def find_nvcc() -> str:
-    """Path of nvcc, from $CUDA_HOME, torch's CUDA_HOME, PATH or /usr/local/cuda."""
+    """Path of nvcc: $GN_NVCC, then $CUDA_HOME/bin, $CUDA_PATH/bin, PATH, /usr/local/cuda/bin."""
+    explicit = os.environ.get("GN_NVCC")
+    if explicit:
+        if Path(explicit).is_file():
+            return explicit
+        raise NvccNotFound(f"GN_NVCC={explicit} does not exist")
     candidates = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
@@ -71,10 +80,11 @@ def find_nvcc() -> str:
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
-    raise BuildError(
-        "gn_module needs the CUDA toolkit compiler (nvcc) to build its kernels, and none was found. "
-        "Install the CUDA toolkit (matching your driver, 12.x or 13.x) and put nvcc on PATH or set "
-        "CUDA_HOME; e.g. `conda install -c nvidia cuda-nvcc` or the NVIDIA .run/.deb installer."
+    raise NvccNotFound(
+        "gn_module needs the CUDA toolkit compiler (nvcc) to build its kernels, and none was found "
+        "(looked at $GN_NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH, /usr/local/cuda/bin): install the "
+        "CUDA toolkit (12.8 or newer, matching your driver) and put nvcc on PATH or set CUDA_HOME; e.g. "
+        "'apt install cuda-nvcc-13-0', 'conda install -c nvidia cuda-nvcc' or 'pip install nvidia-cuda-nvcc'"
     )
 
 

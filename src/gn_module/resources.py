@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -20,6 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+# nvcc and the sources are found the way the JIT build finds them (one place); callers catch
+# resources.NvccNotFound to skip compile checks.
+from gn_module.build import NvccNotFound as NvccNotFound
+from gn_module.build import csrc_dir, find_nvcc
 from gn_module.schedule import KernelResources
 
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xptxas", "-v")
@@ -38,32 +41,8 @@ KERNELS = (
 _TYPE_CODES = {"f": "fp32", "d": "fp64", "6__half": "fp16", "13__nv_bfloat16": "bf16"}
 
 
-class NvccNotFound(RuntimeError):
-    """No nvcc on this machine: compile-based checks must skip."""
-
-
 class CompileError(RuntimeError):
     """nvcc failed for one source and arch; the message carries its output."""
-
-
-def find_nvcc() -> str:
-    """Path of nvcc: $GN_NVCC, then PATH, then $CUDA_HOME/bin, then /usr/local/cuda/bin."""
-    explicit = os.environ.get("GN_NVCC")
-    if explicit:
-        if Path(explicit).is_file():
-            return explicit
-        raise NvccNotFound(f"GN_NVCC={explicit} does not exist")
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and (Path(root) / "bin" / "nvcc").is_file():
-            return str(Path(root) / "bin" / "nvcc")
-    raise NvccNotFound(
-        "nvcc not found (looked at $GN_NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): install the "
-        "CUDA toolkit (e.g. 'apt install cuda-nvcc-13-0' or 'pip install nvidia-cuda-nvcc') to compile "
-        "the kernels"
-    )
 
 
 def nvcc_version(nvcc: str | None = None) -> str:
@@ -78,22 +57,6 @@ def supported_archs(nvcc: str | None = None) -> list[str]:
     cmd = [nvcc or find_nvcc(), "--list-gpu-code"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     return [a for a in out.stdout.split() if a.startswith("sm_")]
-
-
-def csrc_dir() -> Path:
-    """Where the CUDA sources are: $GN_CSRC_DIR, gn_module.build.csrc_dir(), the repo or the wheel."""
-    env = os.environ.get("GN_CSRC_DIR")
-    if env:
-        return Path(env)
-    try:
-        from gn_module.build import csrc_dir as build_csrc_dir  # the build's own answer wins
-    except ImportError:
-        build_csrc_dir = None
-    if build_csrc_dir is not None:
-        return Path(build_csrc_dir())
-    here = Path(__file__).resolve().parent
-    repo = here.parents[1] / "csrc"  # src/gn_module -> repository root
-    return repo if repo.is_dir() else here / "csrc"
 
 
 def sources(root: Path | None = None) -> list[Path]:
