@@ -264,12 +264,17 @@ def test_unaligned_input_uses_scalar_path():
     not torch.cuda.is_available() or torch.cuda.get_device_properties(0).total_memory < 60 * 2**30,
     reason="needs a GPU with >= 60 GiB",
 )
-def test_more_than_2_31_elements_bf16():
-    shape, groups = (1, 128, 16128, 1200), 32
-    x, w, b, dy = make_case(shape, groups, torch.bfloat16, torch.float32)
+@pytest.mark.parametrize(
+    "shape,dtype",
+    [((1, 128, 16128, 1200), torch.bfloat16), ((1, 64, 8192, 4200), torch.float32)],
+    ids=["bf16-1x128x16128x1200", "fp32-1x64x8192x4200"],
+)
+def test_more_than_2_31_elements(shape, dtype):
+    groups = 32
+    x, w, b, dy = make_case(shape, groups, dtype, torch.float32)
     assert x.numel() > 2**31
     y, dx, dw, db = run(x, groups, w, b, None, "auto", dy)
-    d = 128 // groups
+    d = shape[1] // groups
     rows = lambda t: t.permute(0, 2, 3, 1).reshape(-1, groups, d).split(1 << 21)  # noqa: E731
     # Chunked fp64 reference: group statistics, then per-channel gradient sums, then every row.
     s1 = torch.zeros(groups, dtype=torch.float64, device="cuda")
