@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from gn_module.functional import native_group_norm
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ def tolerance(dtype: torch.dtype) -> Tolerance:
     return TOLERANCES[dtype]
 
 
+def _float64(t: torch.Tensor | None, grad: bool) -> torch.Tensor | None:
+    return None if t is None else t.detach().double().contiguous().requires_grad_(grad)
+
+
 def forward(
     x: torch.Tensor,
     num_groups: int,
@@ -43,12 +48,9 @@ def forward(
     eps: float,
     act: str | None,
 ) -> torch.Tensor:
-    """fp64 GroupNorm(+SiLU) of x (any layout), on x's device."""
-    xd = x.detach().double().contiguous()
-    wd = None if weight is None else weight.detach().double()
-    bd = None if bias is None else bias.detach().double()
-    y = F.group_norm(xd, num_groups, wd, bd, eps)
-    return F.silu(y) if act == "silu" else y
+    """fp64 GroupNorm(+SiLU) of x (any layout), on x's device: torch's own path, upcast."""
+    xd, wd, bd = (_float64(t, False) for t in (x, weight, bias))
+    return native_group_norm(xd, num_groups, wd, bd, eps, act)
 
 
 def forward_backward(
@@ -61,14 +63,10 @@ def forward_backward(
     dy: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """fp64 y, dx, dweight, dbias for upstream gradient dy."""
-    xd = x.detach().double().contiguous().requires_grad_(True)
-    wd = None if weight is None else weight.detach().double().requires_grad_(True)
-    bd = None if bias is None else bias.detach().double().requires_grad_(True)
-    y = F.group_norm(xd, num_groups, wd, bd, eps)
-    if act == "silu":
-        y = F.silu(y)
+    xd, wd, bd = (_float64(t, True) for t in (x, weight, bias))
+    y = native_group_norm(xd, num_groups, wd, bd, eps, act)
     inputs = [t for t in (xd, wd, bd) if t is not None]
-    grads = torch.autograd.grad(y, inputs, dy.detach().double().contiguous())
+    grads = torch.autograd.grad(y, inputs, _float64(dy, False))
     dx = grads[0]
     dw = grads[1] if wd is not None else None
     db = grads[-1] if bd is not None else None
