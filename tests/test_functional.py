@@ -84,3 +84,15 @@ def test_importing_the_package_does_not_import_torch_modules_eagerly():
     code = "import sys, gn_module, gn_module.schedule; print('gn_module.ops' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_module_without_bias_like_torchs():
+    import inspect
+
+    if "bias" not in inspect.signature(torch.nn.GroupNorm.__init__).parameters:
+        pytest.skip("this torch's nn.GroupNorm has no bias= argument")
+    ours = gn_module.GroupNorm(4, 16, bias=False)
+    theirs = torch.nn.GroupNorm(4, 16, bias=False)
+    assert ours.bias is None and ours.state_dict().keys() == theirs.state_dict().keys()
+    x = torch.randn(2, 16, 3, 3)
+    torch.testing.assert_close(ours(x), theirs(x))

@@ -24,10 +24,22 @@ class GroupNorm(nn.GroupNorm):
         act: str | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        bias: bool = True,
     ) -> None:
         if act not in ACTS:
             raise ValueError(f"GroupNorm: unsupported act {act!r}; expected one of {ACTS}")
-        super().__init__(num_groups, num_channels, eps=eps, affine=affine, device=device, dtype=dtype)
+        # `bias=` is newer than our torch floor (2.11): pass it only when it changes something.
+        extra = {} if bias else {"bias": False}
+        try:
+            super().__init__(
+                num_groups, num_channels, eps=eps, affine=affine, device=device, dtype=dtype, **extra
+            )
+        except TypeError as exc:
+            if extra and "bias" in str(exc):
+                msg = f"GroupNorm: bias=False needs a torch whose nn.GroupNorm has it ({exc})"
+                raise TypeError(msg) from None
+            raise
         self.act = act
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
