@@ -4,17 +4,7 @@
 # then show that `pytest --gn-arch-sweep` catches it on the A100 profile (through the compute_80
 # PTX build) while the native GPU suite on a newer GPU passes.
 set -uo pipefail
-bad=$(mktemp -d)/csrc
-cp -r csrc "$bad"
-python3 - "$bad/gn_backward.cu" <<'PY'
-import sys
-p = sys.argv[1]
-s = open(p).read()
-old = "    bwd_tile<T, V, kBatchOnepassBackward>(a, t, is_last ? keep_x : nullptr, is_last ? keep_dy : nullptr, scratch);"
-assert old in s, "planting site moved"
-s = s.replace(old, "#if __CUDA_ARCH__ == 800\n    if (t == gridDim.x) continue;  // PLANTED: first overflow tile skips the reductions\n#endif\n" + old)
-open(p, "w").write(s)
-PY
+bad=$(python3 scripts/plant_bug.py sm80) || exit 1
 export GN_CSRC_DIR="$bad" GN_CACHE_DIR=$(mktemp -d)
 echo "== native GPU suite with the planted bug (expected: passes, the bug is invisible on this arch)"
 python3 -m pytest tests/gpu/test_kernels.py -q -p no:cacheprovider -k "not 2_31" 2>&1 | tail -n 1
