@@ -20,7 +20,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gn_module.bench_cases import QUICK_NAMES
+from gn_module.bench.cases import QUICK_NAMES
 
 _copy_tbps: dict[str, float] = {}
 
@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
     """GPU name, driver, SM count, clocks (and this session's copy bandwidth) in the saved JSON."""
-    from gn_module.bench_device import device_info
+    from gn_module.bench.device import device_info
 
     try:
         machine_info["gpu"] = device_info()
@@ -83,7 +83,7 @@ def bench_settings() -> dict[str, float]:
 def event_timer() -> Any:
     if not cuda_available():
         pytest.skip("CUDA is not available: the GroupNorm benchmarks time CUDA kernels")
-    from gn_module.timing import EventTimer
+    from gn_module.bench.timing import EventTimer
 
     return EventTimer()
 
@@ -91,7 +91,7 @@ def event_timer() -> Any:
 @pytest.fixture(scope="session")
 def copy_bandwidth(event_timer: Any) -> Any:
     """Device-to-device copy bandwidth measured once per session: the SOL reference."""
-    from gn_module.timing import copy_bandwidth as measure
+    from gn_module.bench.timing import copy_bandwidth as measure
 
     bw = measure(1 << 30, timer=event_timer)
     _copy_tbps["tbps"] = bw.tbps

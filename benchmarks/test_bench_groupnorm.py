@@ -1,8 +1,8 @@
 """GroupNorm benchmarks: ours (auto, 1-pass, 2-pass) vs eager vs torch.compile (channels_last and NCHW).
 
-Each benchmark's pytest-benchmark statistics are CUDA-event times in seconds (gn_module.bench_timer);
-what is timed for each implementation is documented in gn_module.bench_impls, the timing protocol
-(L2 flush, GPU-side spin, events) in gn_module.timing. Benchmarks of one (shape, dtype, direction)
+Each benchmark's pytest-benchmark statistics are CUDA-event times in seconds (gn_module.bench.timer);
+what is timed for each implementation is documented in gn_module.bench.impls, the timing protocol
+(L2 flush, GPU-side spin, events) in gn_module.bench.timing. Benchmarks of one (shape, dtype, direction)
 share a pytest-benchmark group, so its table shows the implementations side by side.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from gn_module.bench_cases import CASES, DIRECTIONS, DTYPES, IMPLS, Case, bytes_moved, size_class
-from gn_module.bench_impls import prepare
-from gn_module.bench_timer import run_pedantic
-from gn_module.timing import reps_for_budget, sol_fraction, summarize, throughput_tbps
+from gn_module.bench.cases import CASES, DIRECTIONS, DTYPES, IMPLS, Case, bytes_moved, size_class
+from gn_module.bench.impls import prepare
+from gn_module.bench.timer import run_pedantic
+from gn_module.bench.timing import reps_for_budget, sol_fraction, summarize, throughput_tbps
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -14,11 +14,17 @@ import pytest
 import torch
 
 import gn_module
-from gn_module import bench, bench_cases, bench_device, bench_impls, bench_report, bench_targets, timing
-from gn_module.bench_cases import MIB, Case
-from gn_module.bench_results import Result
-from gn_module.bench_timer import VirtualClock, install, run_pedantic
-from gn_module.timing import Timing, summarize
+from gn_module.bench import cases as bench_cases
+from gn_module.bench import cli as bench
+from gn_module.bench import device as bench_device
+from gn_module.bench import impls as bench_impls
+from gn_module.bench import report as bench_report
+from gn_module.bench import targets as bench_targets
+from gn_module.bench import timing
+from gn_module.bench.cases import MIB, Case
+from gn_module.bench.results import Result
+from gn_module.bench.timer import VirtualClock, install, run_pedantic
+from gn_module.bench.timing import Timing, summarize
 
 SRC = str(Path(gn_module.__file__).resolve().parents[1])
 NO_CUDA = not torch.cuda.is_available()
@@ -404,7 +410,7 @@ def test_pytest_benchmark_records_virtual_clock_times(tmp_path: Path) -> None:
             """
             import itertools
             import pytest
-            from gn_module.bench_timer import run_pedantic
+            from gn_module.bench.timer import run_pedantic
 
             def test_fake_gpu(benchmark):
                 durations = itertools.cycle([10.0, 30.0, 20.0, 40.0, 50.0])

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gn_module.bench_cases import COMPILE_IMPLS, IMPLS, MIB, OURS
-from gn_module.bench_results import Result, group_results
-from gn_module.bench_targets import TargetCheck, summarize_checks
+from gn_module.bench.cases import COMPILE_IMPLS, IMPLS, MIB, OURS
+from gn_module.bench.results import Result, group_results
+from gn_module.bench.targets import TargetCheck, summarize_checks
 
 LABELS = {
     "ours-auto": "ours auto",
@@ -194,7 +194,7 @@ def render_markdown_report(report: Report) -> str:
 
 
 def _device_line(info: dict[str, Any]) -> str:
-    from gn_module.bench_device import device_label
+    from gn_module.bench.device import device_label
 
     return device_label(info)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gn_module.bench_cases import COMPILE_IMPLS, MIB, OURS, size_class
-from gn_module.bench_results import Result, group_results
+from gn_module.bench.cases import COMPILE_IMPLS, MIB, OURS, size_class
+from gn_module.bench.results import Result, group_results
 
 #: Minimum fraction of SOL by size class and direction.
 SOL_TARGETS = {("large", "fwd"): 0.62, ("large", "bwd"): 0.58, ("mid", "fwd"): 0.65, ("mid", "bwd"): 0.55}

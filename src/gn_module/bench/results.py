@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gn_module.bench_cases import Case, bytes_moved, size_class
-from gn_module.timing import Timing, sol_fraction, throughput_tbps
+from gn_module.bench.cases import Case, bytes_moved, size_class
+from gn_module.bench.timing import Timing, sol_fraction, throughput_tbps
 
 
 @dataclass

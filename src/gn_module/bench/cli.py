@@ -1,8 +1,8 @@
-"""`python -m gn_module.bench`: ours vs PyTorch eager vs torch.compile on issue 6's shapes.
+"""`python -m gn_module.bench` (the CLI): ours vs PyTorch eager vs torch.compile on issue 6's shapes.
 
 Prints a table (median us, TB/s, fraction of SOL, speedups), checks the speed targets (reports pass/miss,
 never fails on a miss), and optionally writes JSON, a Markdown section for benchmarks/RESULTS.md and a
-PNG chart. What exactly is timed: see gn_module.timing (protocol) and gn_module.bench_impls (calls).
+PNG chart. What exactly is timed: see gn_module.bench.timing (protocol) and gn_module.bench.impls (calls).
 
 Exit status: 0 after a run (even with target misses or per-implementation errors, which the table
 shows); 2 for bad arguments; 3 when no CUDA device is available (nothing is measured).
@@ -18,9 +18,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from gn_module.bench_cases import CASES, DIRECTIONS, DTYPES, IMPLS, QUICK_NAMES, Case, select_cases
-from gn_module.bench_results import Result
-from gn_module.bench_targets import check_targets
+from gn_module.bench.cases import CASES, DIRECTIONS, DTYPES, IMPLS, QUICK_NAMES, Case, select_cases
+from gn_module.bench.results import Result
+from gn_module.bench.targets import check_targets
 
 EXIT_NO_CUDA = 3
 #: Defaults sized so the full run (10 shapes x 2 dtypes x 2 directions x 6 implementations, 80 compiled
@@ -92,13 +92,13 @@ def run_case(
     impl: str, case: Case, dtype: str, direction: str, device: object, settings: dict, timer: object
 ) -> Result:
     """Prepare and time one implementation; any exception becomes the result's error."""
-    from gn_module import bench_impls
-    from gn_module.timing import time_cuda
+    from gn_module.bench import impls
+    from gn_module.bench.timing import time_cuda
 
     t0 = time.perf_counter()
     prepared = None
     try:
-        prepared = bench_impls.prepare(
+        prepared = impls.prepare(
             impl, case, dtype, direction, device, compile_mode=settings["compile_mode"]
         )
         timing = time_cuda(
@@ -144,9 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_NO_CUDA
 
-    from gn_module import bench_report
-    from gn_module.bench_device import device_info, device_label
-    from gn_module.timing import EventTimer, copy_bandwidth, cuda_device
+    from gn_module.bench import report as bench_report
+    from gn_module.bench.device import device_info, device_label
+    from gn_module.bench.timing import EventTimer, copy_bandwidth, cuda_device
 
     try:
         device = cuda_device(args.device)
@@ -204,6 +204,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"benchmark time: {elapsed:.0f} s")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

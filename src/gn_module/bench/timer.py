@@ -40,7 +40,7 @@ def install(benchmark: Any, clock: VirtualClock) -> None:
     if not hasattr(benchmark, "_timer") or not hasattr(benchmark, "pedantic"):
         raise RuntimeError(
             "this pytest-benchmark version has no BenchmarkFixture._timer; "
-            "gn_module.bench_timer needs updating"
+            "gn_module.bench.timer needs updating"
         )
     benchmark._timer = clock
 

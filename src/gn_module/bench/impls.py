@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gn_module.bench_cases import IMPLS, Case
+from gn_module.bench.cases import IMPLS, Case
 
 EPS = 1e-5
 PASSES = {"ours-auto": "auto", "ours-1pass": 1, "ours-2pass": 2}
