@@ -1,4 +1,5 @@
-"""GroupNorm benchmarks: ours (auto, 1-pass, 2-pass) vs eager vs torch.compile (channels_last and NCHW).
+"""GroupNorm benchmarks: ours (auto, 1-pass, 2-pass) vs eager vs torch.compile (channels_last and NCHW),
+and a third-party GroupNorm given with ``--gn-impl`` (``test_groupnorm_foreign``).
 
 Each benchmark's pytest-benchmark statistics are CUDA-event times in seconds (gn_module.bench.timer);
 what is timed for each implementation is documented in gn_module.bench.impls, the timing protocol
@@ -8,20 +9,25 @@ share a pytest-benchmark group, so its table shows the implementations side by s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from gn_module.bench.cases import CASES, DIRECTIONS, DTYPES, IMPLS, Case, bytes_moved, size_class
-from gn_module.bench.impls import prepare
+from gn_module.bench.impls import FOREIGN, prepare
 from gn_module.bench.timer import run_pedantic
 from gn_module.bench.timing import reps_for_budget, sol_fraction, summarize, throughput_tbps
 
+shapes = pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+dtypes = pytest.mark.parametrize("dtype", DTYPES)
+directions = pytest.mark.parametrize("direction", DIRECTIONS)
+
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("direction", DIRECTIONS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@directions
+@dtypes
+@shapes
 def test_groupnorm(
     benchmark: Any,
     case: Case,
@@ -29,12 +35,49 @@ def test_groupnorm(
     direction: str,
     impl: str,
     event_timer: Any,
-    copy_bandwidth: Any,
+    run_conditions: dict[str, Any],
     bench_settings: dict[str, float],
 ) -> None:
+    time_groupnorm(benchmark, case, dtype, direction, impl, event_timer, run_conditions, bench_settings)
+
+
+@directions
+@dtypes
+@shapes
+def test_groupnorm_foreign(
+    benchmark: Any,
+    case: Case,
+    dtype: str,
+    direction: str,
+    foreign: tuple[str, Callable[..., Any]],
+    event_timer: Any,
+    run_conditions: dict[str, Any],
+    bench_settings: dict[str, float],
+) -> None:
+    spec, fn = foreign
+    time_groupnorm(
+        benchmark, case, dtype, direction, FOREIGN, event_timer, run_conditions, bench_settings, fn, spec
+    )
+
+
+def time_groupnorm(
+    benchmark: Any,
+    case: Case,
+    dtype: str,
+    direction: str,
+    impl: str,
+    event_timer: Any,
+    run_conditions: dict[str, Any],
+    bench_settings: dict[str, float],
+    foreign: Callable[..., Any] | None = None,
+    spec: str | None = None,
+) -> None:
     benchmark.group = f"{case.name} {dtype} {direction}"
-    prepared = prepare(impl, case, dtype, direction, event_timer.device)
-    est_us = event_timer.warm_up(prepared.fn, int(bench_settings["warmup"]))
+    try:
+        prepared = prepare(impl, case, dtype, direction, event_timer.device, foreign=foreign)
+        est_us = event_timer.warm_up(prepared.fn, int(bench_settings["warmup"]))
+    except NotImplementedError as exc:  # pytest-gn's "shape not supported" signal for --gn-impl
+        pytest.skip(f"{spec or impl} does not support {case.name} {dtype}: {exc}")
     rounds = reps_for_budget(
         est_us,
         int(bench_settings["reps"]),
@@ -48,6 +91,7 @@ def test_groupnorm(
     nbytes = bytes_moved(case, dtype, direction)
     benchmark.extra_info.update(
         impl=impl,
+        impl_spec=spec,
         case=case.name,
         dtype=dtype,
         direction=direction,
@@ -57,8 +101,9 @@ def test_groupnorm(
         median_us=timing.median_us,
         iqr_us=timing.iqr_us,
         tbps=throughput_tbps(nbytes, timing.median_us),
-        copy_tbps=copy_bandwidth.tbps,
-        sol_fraction=sol_fraction(nbytes, timing.median_us, copy_bandwidth.tbps),
+        sol_fraction=sol_fraction(nbytes, timing.median_us, run_conditions["copy_tbps"]),
         schedule=(prepared.plan or {}).get("schedule"),
         plan=prepared.plan,
+        settings=dict(bench_settings),
+        **run_conditions,
     )

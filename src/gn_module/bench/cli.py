@@ -98,9 +98,7 @@ def run_case(
     t0 = time.perf_counter()
     prepared = None
     try:
-        prepared = impls.prepare(
-            impl, case, dtype, direction, device, compile_mode=settings["compile_mode"]
-        )
+        prepared = impls.prepare(impl, case, dtype, direction, device, compile_mode=settings["compile_mode"])
         timing = time_cuda(
             prepared.fn,
             reps=int(settings["reps"]),
@@ -203,4 +201,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("matplotlib is not installed; no plot written (pip install matplotlib)")
     print(f"benchmark time: {elapsed:.0f} s")
     return 0
-

@@ -1,6 +1,14 @@
 """Facts about the GPU a benchmark ran on: name, driver, SM count, clocks, memory, L2.
 
-Used for pytest-benchmark's machine_info and the header of `python -m gn_module.bench` reports.
+Two kinds of fact, kept apart because pytest-benchmark warns on every compare whose ``machine_info``
+differs from the saved run's:
+
+* identity (`machine_identity`): what names the machine kind and software stack (GPU name, compute
+  capability, SMs, memory, driver, CUDA, torch). This is ``machine_info``; two fresh machines of the
+  same kind give the same identity.
+* run conditions (`run_conditions`): clocks and power limit read now, and measured values such as the
+  copy bandwidth. They go into each benchmark's ``extra_info``.
+
 Every field is best effort: a missing property or a missing nvidia-smi leaves the field out.
 """
 
@@ -75,6 +83,43 @@ def device_info(device: Any = None) -> dict[str, Any]:
             info[key] = round(value * scale, 2)
     info.update(nvidia_smi_info(index))
     return info
+
+
+#: device_info keys that identify the machine kind and software stack.
+IDENTITY_KEYS = (
+    "cuda",
+    "name",
+    "compute_capability",
+    "sm_count",
+    "total_memory_gib",
+    "driver_version",
+    "cuda_runtime",
+    "torch",
+)
+#: device_info keys read at run time that may differ between two machines of one kind.
+CONDITION_KEYS = ("sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz", "max_mem_clock_mhz", "power_limit_w")
+#: pytest-benchmark's own machine_info fields that name the platform. The others (host name, kernel
+#: release, py-cpuinfo's CPU brand and clocks, Python build date) change between fresh machines of
+#: the same kind, so they are dropped.
+PLATFORM_KEYS = ("system", "machine", "python_implementation", "python_version")
+
+
+def machine_identity(info: dict[str, Any]) -> dict[str, Any]:
+    """The identity part of `device_info` (see the module docstring)."""
+    return {key: info[key] for key in IDENTITY_KEYS if key in info}
+
+
+def run_conditions(info: dict[str, Any]) -> dict[str, Any]:
+    """The run-time part of `device_info`: clocks and power limit as read now."""
+    return {key: info[key] for key in CONDITION_KEYS if key in info}
+
+
+def stable_machine_info(machine_info: dict[str, Any], gpu: dict[str, Any]) -> None:
+    """Reduce pytest-benchmark's `machine_info` in place to the platform keys plus the GPU identity."""
+    for key in list(machine_info):
+        if key not in PLATFORM_KEYS:
+            del machine_info[key]
+    machine_info["gpu"] = machine_identity(gpu)
 
 
 def device_label(info: dict[str, Any]) -> str:

@@ -8,6 +8,8 @@ bias in x's dtype, on the same data:
 - ``eager``: ``F.group_norm`` (+ ``F.silu``) on the same channels_last x.
 - ``compile-cl`` / ``compile-nchw``: ``torch.compile(dynamic=False)`` of that eager function, compiled for
   this shape only, on the channels_last x and on an NCHW-contiguous copy.
+- ``foreign``: a third-party GroupNorm given as a callable with pytest-gn's ``--gn-impl`` protocol,
+  ``impl(x, num_groups, weight, bias, eps, act) -> y``, on the channels_last x.
 
 Forward timing: one call under ``torch.no_grad()`` (inference forward; the compiled variants compile
 an inference graph for it).
@@ -30,6 +32,8 @@ from gn_module.bench.cases import IMPLS, Case
 
 EPS = 1e-5
 PASSES = {"ours-auto": "auto", "ours-1pass": 1, "ours-2pass": 2}
+#: A third-party implementation (``--gn-impl``); not in IMPLS, timed only when one is given.
+FOREIGN = "foreign"
 #: Names the launcher may give its "which schedule would auto pick" helper (looked up, never required).
 AUTO_SCHEDULE_NAMES = (
     "chosen_schedule",
@@ -85,11 +89,21 @@ def make_inputs(case: Case, dtype: str, device: Any, *, seed: int = 0) -> tuple[
     return x, weight, bias
 
 
-def make_op(impl: str, case: Case, *, compile_mode: str | None = None) -> Callable[[Any, Any, Any], Any]:
-    """y = op(x, weight, bias) for an implementation name."""
-    if impl not in IMPLS:
-        raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
+def make_op(
+    impl: str,
+    case: Case,
+    *,
+    compile_mode: str | None = None,
+    foreign: Callable[..., Any] | None = None,
+) -> Callable[[Any, Any, Any], Any]:
+    """y = op(x, weight, bias) for an implementation name (`foreign` is the callable of FOREIGN)."""
     groups, act = case.groups, case.act
+    if impl == FOREIGN:
+        if foreign is None:
+            raise ValueError(f"implementation {FOREIGN!r} needs the callable (foreign=...)")
+        return lambda x, w, b: foreign(x, groups, w, b, EPS, act)
+    if impl not in IMPLS:
+        raise ValueError(f"unknown implementation {impl!r}; expected one of {(*IMPLS, FOREIGN)}")
     if impl in PASSES:
         import gn_module
 
@@ -121,6 +135,7 @@ def prepare(
     *,
     compile_mode: str | None = None,
     seed: int = 0,
+    foreign: Callable[..., Any] | None = None,
 ) -> Prepared:
     """Build inputs and the callable that the timer calls (see the module docstring for what it covers)."""
     import torch
@@ -130,7 +145,7 @@ def prepare(
     x, weight, bias = make_inputs(case, dtype, device, seed=seed)
     if impl == "compile-nchw":
         x = x.contiguous()
-    op = make_op(impl, case, compile_mode=compile_mode)
+    op = make_op(impl, case, compile_mode=compile_mode, foreign=foreign)
     plan = plan_info(impl, case, dtype, direction, x.device) if impl in PASSES else None
     if direction == "fwd":
 
