@@ -89,18 +89,24 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 
 
 def pytest_benchmark_update_commit_info(config: pytest.Config, commit_info: dict[str, Any]) -> None:
-    """Take the commit from GN_BENCH_COMMIT (and GN_BENCH_COMMIT_TIME) where the checkout has no git.
+    """Take the commit from GN_BENCH_COMMIT (and GN_BENCH_COMMIT_TIME, GN_BENCH_DIRTY=1) when set.
 
-    A copy of the working tree on a GPU machine has no .git, so pytest-benchmark records the commit
-    as 'unversioned'; the history then could not say which kernels a run timed.
+    The copy of the working tree that runs on a GPU machine may carry no .git, or a stale one (seen:
+    it reported the session's first commit, dirty), so the history could not say which kernels a run
+    timed. scripts/gpu_check.sh sets these from the checkout it was sent from.
     """
     commit = os.environ.get("GN_BENCH_COMMIT", "").strip()
-    if commit and commit_info.get("id") in (None, "unversioned", "unknown"):
-        commit_info.update(
-            id=commit, dirty=os.environ.get("GN_BENCH_DIRTY", "") == "1", source="GN_BENCH_COMMIT"
-        )
-        commit_info["time"] = os.environ.get("GN_BENCH_COMMIT_TIME") or commit_info.get("time")
-        commit_info.pop("error", None)
+    if not commit:
+        return
+    commit_info.update(
+        id=commit,
+        time=os.environ.get("GN_BENCH_COMMIT_TIME") or None,
+        author_time=None,
+        dirty=os.environ.get("GN_BENCH_DIRTY", "") == "1",
+        project="pytest-gn",
+        source="GN_BENCH_COMMIT",
+    )
+    commit_info.pop("error", None)
 
 
 @pytest.hookimpl(wrapper=True)
