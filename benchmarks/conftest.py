@@ -6,7 +6,8 @@ Run: ``pytest benchmarks`` (all), ``pytest benchmarks -m quick`` (3 shapes, fp16
 History: ``--benchmark-autosave`` saves into ``.benchmarks/`` (committed); ``--benchmark-compare``
 compares with the newest saved run; ``python -m gn_module.bench history`` reads them all.
 Knobs (environment): GN_BENCH_REPS (timed rounds, default 50), GN_BENCH_MAX_SECONDS (GPU time per
-benchmark, default 0.3), GN_BENCH_WARMUP (default 5).
+benchmark, default 0.3), GN_BENCH_WARMUP (default 5), GN_BENCH_SHAPES (other shapes, e.g.
+"1x64x32x32 G8 +SiLU; 2x320x16x16 G32"), GN_BENCH_COMMIT (the commit, where the tree has no git).
 """
 
 from __future__ import annotations

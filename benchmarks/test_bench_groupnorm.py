@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from gn_module.bench.cases import CASES, DIRECTIONS, DTYPES, IMPLS, Case, bytes_moved, size_class
+from gn_module.bench.cases import DIRECTIONS, DTYPES, IMPLS, Case, bytes_moved, configured_cases, size_class
 from gn_module.bench.impls import FOREIGN, prepare
 from gn_module.bench.timer import run_pedantic
 from gn_module.bench.timing import reps_for_budget, sol_fraction, summarize, throughput_tbps
 
+CASES = configured_cases()  # GN_BENCH_SHAPES="1x64x32x32 G8 +SiLU; ..." times other shapes
 shapes = pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 dtypes = pytest.mark.parametrize("dtype", DTYPES)
 directions = pytest.mark.parametrize("direction", DIRECTIONS)

@@ -81,8 +81,14 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.gn_error_string.argtypes = [ctypes.c_int]
     lib.gn_error_string.restype = ctypes.c_char_p
     lib.gn_abi_size.argtypes = []
-    for fn in (lib.gn_forward, lib.gn_backward, lib.gn_onepass_occupancy, lib.gn_kernel_attributes,
-               lib.gn_runtime_arch, lib.gn_abi_size):
+    for fn in (
+        lib.gn_forward,
+        lib.gn_backward,
+        lib.gn_onepass_occupancy,
+        lib.gn_kernel_attributes,
+        lib.gn_runtime_arch,
+        lib.gn_abi_size,
+    ):
         fn.restype = ctypes.c_int
     return lib
 

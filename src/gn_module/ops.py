@@ -169,8 +169,13 @@ def kernel_resources(
     lib = library(index, current_variant())
     regs, smem, local = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     code = lib.gn_kernel_attributes(
-        index, _abi.KERNEL_KINDS[kind], _abi.DTYPE_CODES[_dtype_name(dtype)], vec,
-        ctypes.byref(regs), ctypes.byref(smem), ctypes.byref(local),
+        index,
+        _abi.KERNEL_KINDS[kind],
+        _abi.DTYPE_CODES[_dtype_name(dtype)],
+        vec,
+        ctypes.byref(regs),
+        ctypes.byref(smem),
+        ctypes.byref(local),
     )
     _check(lib, code, f"cudaFuncGetAttributes({kind})")
     return KernelResources(registers=regs.value, static_smem=smem.value)
@@ -251,8 +256,14 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _args(p: Plan, dtype: torch.dtype, eps: float, act: str | None, param_dtype: torch.dtype | None,
-          device_index: int) -> _abi.GnArgs:
+def _args(
+    p: Plan,
+    dtype: torch.dtype,
+    eps: float,
+    act: str | None,
+    param_dtype: torch.dtype | None,
+    device_index: int,
+) -> _abi.GnArgs:
     """GnArgs from the plan, without data pointers. `param_dtype`: weight's (or bias's) dtype."""
     t = p.tiling
     a = _abi.GnArgs()
@@ -283,24 +294,62 @@ def _args(p: Plan, dtype: torch.dtype, eps: float, act: str | None, param_dtype:
 
 
 @functools.lru_cache(maxsize=4096)
-def _launch_template(shape: tuple[int, ...], num_groups: int, dtype: torch.dtype, direction: str, passes: int,
-                     index: int, aligned: bool, cap: int | None, variant: str | None, eps: float, act: int,
-                     param_dtype: torch.dtype | None) -> tuple[Plan, bytes]:
+def _launch_template(
+    shape: tuple[int, ...],
+    num_groups: int,
+    dtype: torch.dtype,
+    direction: str,
+    passes: int,
+    index: int,
+    aligned: bool,
+    cap: int | None,
+    variant: str | None,
+    eps: float,
+    act: int,
+    param_dtype: torch.dtype | None,
+) -> tuple[Plan, bytes]:
     """Plan and the pointer-free part of GnArgs for one call signature (cached: the hot path
     only copies the template and fills in data pointers)."""
-    p = plan(shape, num_groups, dtype, direction, "auto" if passes == 0 else passes, index,
-             aligned=aligned, cap=cap)
+    p = plan(
+        shape,
+        num_groups,
+        dtype,
+        direction,
+        "auto" if passes == 0 else passes,
+        index,
+        aligned=aligned,
+        cap=cap,
+    )
     if p.tiles >= 2**31:
         raise RuntimeError(f"gn_module: {p.tiles} tiles exceed the launch limit of 2**31 - 1 blocks")
     return p, bytes(_args(p, dtype, eps, _ACTS[act], param_dtype, index))
 
 
-def _prepare(direction: str, x: torch.Tensor, num_groups: int, eps: float, act: int, passes: int,
-             param: torch.Tensor | None, *others: torch.Tensor) -> tuple[Plan, _abi.GnArgs]:
+def _prepare(
+    direction: str,
+    x: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+    param: torch.Tensor | None,
+    *others: torch.Tensor,
+) -> tuple[Plan, _abi.GnArgs]:
     aligned = all(t.data_ptr() % schedule.VEC_BYTES == 0 for t in (x, *others))
-    p, raw = _launch_template(tuple(x.shape), num_groups, x.dtype, direction, passes, x.device.index, aligned,
-                              current_cap(), current_variant(), eps, act,
-                              None if param is None else param.dtype)
+    p, raw = _launch_template(
+        tuple(x.shape),
+        num_groups,
+        x.dtype,
+        direction,
+        passes,
+        x.device.index,
+        aligned,
+        current_cap(),
+        current_variant(),
+        eps,
+        act,
+        None if param is None else param.dtype,
+    )
     return p, _abi.GnArgs.from_buffer_copy(raw)
 
 
@@ -315,8 +364,13 @@ def _run(direction: str, p: Plan, a: _abi.GnArgs, x: torch.Tensor) -> None:
     _check(lib, fn(ctypes.byref(a), ctypes.c_void_p(stream)), f"GroupNorm {direction} launch")
     if rec_tensor is not None:
         grid, phase1, applied, _ = rec_tensor.tolist()
-        entry = {"grid": grid, "tiles_phase1": phase1, "tiles_applied": applied, "schedule": p.schedule,
-                 "plan": p}
+        entry = {
+            "grid": grid,
+            "tiles_phase1": phase1,
+            "tiles_applied": applied,
+            "schedule": p.schedule,
+            "plan": p,
+        }
         for r in records:
             r[direction] = entry
 
@@ -325,8 +379,15 @@ def _workspace(p: Plan, device: torch.device) -> torch.Tensor:
     return torch.empty(max(1, sum(p.workspace_floats.values())), dtype=torch.float32, device=device)
 
 
-def forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, num_groups: int,
-            eps: float, act: int, passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the forward kernels: y (x's memory format), mean and rstd (N, G) float32."""
     param = weight if weight is not None else bias
     p, a = _prepare("fwd", x, num_groups, eps, act, passes, param)
@@ -341,9 +402,18 @@ def forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | N
     return y, mean, rstd
 
 
-def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-             mean: torch.Tensor, rstd: torch.Tensor, num_groups: int, eps: float, act: int,
-             passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels: dx (x's memory format), dweight and dbias (weight's dtype)."""
     if dy.stride() != x.stride():  # gradients arrive in any layout; the kernels read x's
         dy = torch.empty_like(x).copy_(dy)
@@ -370,8 +440,15 @@ _PASSES = {"auto": 0, 1: 1, 2: 2}
 
 # ---------------------------------------------------------------- torch.library registration
 @torch.library.custom_op("gn_module::group_norm_fwd", mutates_args=(), device_types="cuda")
-def group_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, num_groups: int,
-                   eps: float, act: int, passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_norm_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     with torch.cuda.device(x.device):
         return forward(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
 
@@ -383,9 +460,18 @@ def _(x, weight, bias, num_groups, eps, act, passes):
 
 
 @torch.library.custom_op("gn_module::group_norm_bwd", mutates_args=(), device_types="cuda")
-def group_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                   mean: torch.Tensor, rstd: torch.Tensor, num_groups: int, eps: float, act: int,
-                   passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_norm_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     with torch.cuda.device(x.device):
         return backward(dy, x, _dense(weight), _dense(bias), mean, rstd, num_groups, eps, act, passes)
 
@@ -410,8 +496,15 @@ def _backward(ctx, dy, _dmean, _drstd):
     num_groups, eps, act, passes = ctx.config
     dx, dw, db = group_norm_bwd(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes)
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    return (dx if need_x else None, dw if (weight is not None and need_w) else None,
-            db if (bias is not None and need_b) else None, None, None, None, None)
+    return (
+        dx if need_x else None,
+        dw if (weight is not None and need_w) else None,
+        db if (bias is not None and need_b) else None,
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 group_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -432,12 +525,26 @@ class _EagerGroupNorm(torch.autograd.Function):
         num_groups, eps, act, passes = ctx.config
         dx, dw, db = backward(dy, x, _dense(weight), _dense(bias), mean, rstd, num_groups, eps, act, passes)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        return (dx if need_x else None, dw if (weight is not None and need_w) else None,
-                db if (bias is not None and need_b) else None, None, None, None, None)
+        return (
+            dx if need_x else None,
+            dw if (weight is not None and need_w) else None,
+            db if (bias is not None and need_b) else None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def group_norm_cuda(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                    eps: float, act: str | None, passes: object) -> torch.Tensor:
+def group_norm_cuda(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    act: str | None,
+    passes: object,
+) -> torch.Tensor:
     """Our kernels on a CUDA (N, *spatial, C) tensor: the custom op when torch.compile traces
     (no graph break), a plain autograd.Function in eager mode (lower host overhead)."""
     if torch.compiler.is_compiling():

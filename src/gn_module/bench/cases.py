@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,13 @@ def parse_table(text: str) -> list[Case]:
 
 
 CASES: tuple[Case, ...] = tuple(parse_table(SHAPE_TABLE))
+
+
+def configured_cases() -> tuple[Case, ...]:
+    """The shapes benchmarks/ times: GN_BENCH_SHAPES (a table in SHAPE_TABLE's notation, entries
+    separated by ';' or newlines) when set, else the issue's table."""
+    table = os.environ.get("GN_BENCH_SHAPES", "").strip()
+    return tuple(parse_table(table)) if table else CASES
 
 
 def select_cases(

@@ -46,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gn_module.bench",
         description=__doc__.split("\n\n")[0] + " Needs a CUDA GPU (exit status 3 without one).",
-        epilog="Shapes: " + "; ".join(c.name for c in CASES) + f". --quick: {', '.join(QUICK_NAMES)}.",
+        epilog="Shapes: "
+        + "; ".join(c.name for c in CASES)
+        + f". --quick: {', '.join(QUICK_NAMES)}. Saved pytest-benchmark runs: "
+        + "'python -m gn_module.bench history --help', 'python -m gn_module.bench gate --help'.",
     )
     p.add_argument(
         "--shapes", help="comma-separated substrings of shape names to keep, e.g. '1x128x1024,G16'"
@@ -120,8 +123,16 @@ def run_case(
         del prepared
 
 
+#: Subcommands that read saved pytest-benchmark runs (gn_module.bench.history_cli); no GPU needed.
+SUBCOMMANDS = ("history", "gate")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        from gn_module.bench import history_cli
+
+        return history_cli.main(argv[0], argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

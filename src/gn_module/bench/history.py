@@ -1,0 +1,323 @@
+"""Saved pytest-benchmark runs of benchmarks/: read them, gate a run against a baseline, show history.
+
+A saved run is pytest-benchmark's JSON (``--benchmark-autosave`` into ``.benchmarks/``, or
+``--benchmark-json``). Each benchmark's ``extra_info`` (benchmarks/test_bench_groupnorm.py) names its
+case, dtype, direction and implementation and holds the fraction of SOL; ``stats`` holds the CUDA-event
+times in seconds. Pure Python (no torch); matplotlib only for the plot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gn_module.bench.cases import COMPILE_IMPLS, OURS
+
+#: Our implementations: the gate fails on these only; the peers are reported.
+OUR_IMPLS = ("ours-auto", "ours-1pass", "ours-2pass")
+#: Default regression threshold: a median more than 10 % above the baseline's.
+DEFAULT_THRESHOLD = 0.10
+
+Key = tuple[str, str, str, str]  # case, dtype, direction, impl
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One benchmark of a saved run."""
+
+    key: Key
+    name: str  # pytest-benchmark's fullname
+    median_us: float
+    sol: float | None
+
+    @property
+    def impl(self) -> str:
+        return self.key[3]
+
+
+@dataclass
+class SavedRun:
+    """One saved pytest-benchmark run."""
+
+    path: Path
+    datetime: str
+    commit: str
+    dirty: bool
+    machine_info: dict[str, Any]
+    entries: dict[Key, Entry] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.commit[:8]}{'+' if self.dirty else ''} {self.datetime[:16].replace('T', ' ')}"
+
+
+def storage_path(storage: str | Path) -> Path:
+    """A pytest-benchmark storage spec (``file://PATH`` or a plain path) -> the folder."""
+    text = str(storage)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    elif "://" in text:
+        raise ValueError(f"only file storage is supported, got {storage!r}")
+    return Path(text).expanduser()
+
+
+def parse_run(path: Path, data: Mapping[str, Any]) -> SavedRun:
+    """A SavedRun from the JSON of one run; benchmarks without our extra_info are skipped."""
+    commit = data.get("commit_info") or {}
+    run = SavedRun(
+        path=path,
+        datetime=str(data.get("datetime", "")),
+        commit=str(commit.get("id") or "unknown"),
+        dirty=bool(commit.get("dirty")),
+        machine_info=dict(data.get("machine_info") or {}),
+    )
+    for bench in data.get("benchmarks", []):
+        extra = bench.get("extra_info") or {}
+        stats = bench.get("stats") or {}
+        try:
+            key = (extra["case"], extra["dtype"], extra["direction"], extra["impl"])
+            median_us = float(stats["median"]) * 1e6
+        except (KeyError, TypeError, ValueError):
+            continue
+        if extra["impl"] == "foreign" and extra.get("impl_spec"):
+            key = (*key[:3], f"foreign:{extra['impl_spec']}")
+        sol = extra.get("sol_fraction")
+        run.entries[key] = Entry(key, str(bench.get("fullname", "")), median_us, float(sol) if sol else None)
+    return run
+
+
+def load_run(path: str | Path) -> SavedRun:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read a saved benchmark run from {path}: {exc}") from exc
+    return parse_run(path, data)
+
+
+def load_runs(storage: str | Path) -> list[SavedRun]:
+    """Every saved run under `storage` (any machine-id subfolder), oldest first."""
+    root = storage_path(storage)
+    if not root.is_dir():
+        raise ValueError(f"benchmark storage {root} does not exist")
+    runs = [load_run(p) for p in sorted(root.rglob("*.json"))]
+    return sorted(runs, key=lambda r: (r.datetime, r.path.name))
+
+
+def newest_run(storage: str | Path, *, exclude: Iterable[str | Path] = ()) -> SavedRun:
+    excluded = {Path(p).resolve() for p in exclude}
+    runs = [r for r in load_runs(storage) if r.path.resolve() not in excluded]
+    if not runs:
+        raise ValueError(f"no saved benchmark run in {storage_path(storage)}")
+    return runs[-1]
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def machine_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """'key: saved -> current' for every machine_info field that differs (nested keys dotted)."""
+    a, b = _flatten(saved), _flatten(current)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+# ---------------------------------------------------------------- gate
+@dataclass(frozen=True)
+class Change:
+    key: Key
+    name: str
+    baseline_us: float
+    current_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.current_us / self.baseline_us
+
+
+@dataclass
+class GateResult:
+    threshold: float
+    regressions: list[Change]  # ours, slower than the threshold allows: the gate fails
+    ours: list[Change]  # every compared benchmark of ours
+    peers: list[Change]  # eager / torch.compile / foreign: reported, never failing
+    only_in_run: list[Key]
+    only_in_baseline: list[Key]
+
+    @property
+    def ok(self) -> bool:
+        return not self.regressions
+
+
+def gate(
+    baseline: SavedRun,
+    current: SavedRun,
+    threshold: float = DEFAULT_THRESHOLD,
+    is_ours: Callable[[str], bool] = lambda impl: impl in OUR_IMPLS,
+) -> GateResult:
+    """Compare medians of the benchmarks both runs have; ours more than `threshold` slower fail."""
+    if not threshold > 0:
+        raise ValueError(f"the regression threshold must be positive, got {threshold}")
+    ours, peers, regressions = [], [], []
+    for key in sorted(set(baseline.entries) & set(current.entries)):
+        b, c = baseline.entries[key], current.entries[key]
+        change = Change(key, c.name, b.median_us, c.median_us)
+        if is_ours(key[3]):
+            ours.append(change)
+            if change.ratio > 1.0 + threshold:
+                regressions.append(change)
+        else:
+            peers.append(change)
+    return GateResult(
+        threshold=threshold,
+        regressions=regressions,
+        ours=ours,
+        peers=peers,
+        only_in_run=sorted(set(current.entries) - set(baseline.entries)),
+        only_in_baseline=sorted(set(baseline.entries) - set(current.entries)),
+    )
+
+
+def _change_line(c: Change) -> str:
+    case, dtype, direction, impl = c.key
+    return (
+        f"  {case:26} {dtype} {direction} {impl:13} {c.baseline_us:9.1f} -> {c.current_us:9.1f} us"
+        f"  x{c.ratio:.3f}"
+    )
+
+
+def render_gate(result: GateResult, baseline: SavedRun, current: SavedRun) -> str:
+    pct = f"{result.threshold:.0%}"
+    lines = [
+        f"baseline: {baseline.path} ({baseline.label})",
+        f"run:      {current.path} ({current.label})",
+    ]
+    diffs = machine_differences(baseline.machine_info, current.machine_info)
+    if diffs:
+        lines.append("machine_info differs (times may not be comparable): " + "; ".join(diffs))
+    if not result.ours:
+        lines.append("no benchmark of ours is in both runs: nothing to gate")
+    ratios = sorted(c.ratio for c in result.ours)
+    if ratios:
+        lines.append(
+            f"ours: {len(ratios)} compared, median ratio x{ratios[len(ratios) // 2]:.3f} "
+            f"(best x{ratios[0]:.3f}, worst x{ratios[-1]:.3f}; >x{1 + result.threshold:.2f} fails)"
+        )
+    if result.peers:
+        pr = sorted(c.ratio for c in result.peers)
+        lines.append(
+            f"peers (reported, not gated): {len(pr)} compared, median ratio x{pr[len(pr) // 2]:.3f} "
+            f"(best x{pr[0]:.3f}, worst x{pr[-1]:.3f})"
+        )
+        slow_peers = [c for c in result.peers if c.ratio > 1.0 + result.threshold]
+        if slow_peers:
+            lines.append(f"peers more than {pct} slower than in the baseline (not gated):")
+            lines += [_change_line(c) for c in slow_peers]
+    if result.only_in_run:
+        lines.append(f"{len(result.only_in_run)} benchmarks of this run have no baseline (new)")
+    if result.only_in_baseline:
+        lines.append(f"{len(result.only_in_baseline)} baseline benchmarks did not run this time")
+    if result.regressions:
+        lines.append(f"REGRESSION: {len(result.regressions)} of our medians are more than {pct} slower:")
+        lines += [_change_line(c) for c in sorted(result.regressions, key=lambda c: -c.ratio)]
+        lines += ["  " + c.name for c in result.regressions]
+    else:
+        lines.append(f"gate passed: none of our medians is more than {pct} slower than the baseline")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- history
+def best_compile_us(run: SavedRun, case: str, dtype: str, direction: str) -> float | None:
+    times = [e.median_us for impl in COMPILE_IMPLS if (e := run.entries.get((case, dtype, direction, impl)))]
+    return min(times) if times else None
+
+
+def history_rows(runs: Sequence[SavedRun], impl: str = OURS) -> list[dict[str, Any]]:
+    """Per (case, dtype, direction) and run: our median, SOL and speedup over the best torch.compile."""
+    rows = []
+    groups = sorted({k[:3] for r in runs for k in r.entries if k[3] == impl})
+    for case, dtype, direction in groups:
+        for run in runs:
+            e = run.entries.get((case, dtype, direction, impl))
+            if e is None:
+                continue
+            best = best_compile_us(run, case, dtype, direction)
+            rows.append(
+                {
+                    "case": case,
+                    "dtype": dtype,
+                    "direction": direction,
+                    "run": run.label,
+                    "commit": run.commit,
+                    "median_us": e.median_us,
+                    "sol": e.sol,
+                    "vs_compile": best / e.median_us if best else None,
+                }
+            )
+    return rows
+
+
+def render_history(runs: Sequence[SavedRun], impl: str = OURS) -> str:
+    rows = history_rows(runs, impl)
+    if not rows:
+        return f"no saved run has {impl} benchmarks"
+    out = [
+        f"{impl} across {len(runs)} saved runs (median us, fraction of SOL, speedup over the best "
+        "torch.compile of the same run)"
+    ]
+    last = None
+    for r in rows:
+        group = (r["case"], r["dtype"], r["direction"])
+        if group != last:
+            out.append(f"{r['case']} {r['dtype']} {r['direction']}")
+            last = group
+        sol = f"{r['sol']:.3f}" if r["sol"] is not None else "  -  "
+        vs = f"x{r['vs_compile']:.2f}" if r["vs_compile"] else "  -"
+        out.append(f"  {r['run']:26} {r['median_us']:10.1f} us  SOL {sol}  vs compile {vs}")
+    return "\n".join(out)
+
+
+def write_history_plot(runs: Sequence[SavedRun], path: str | Path, impl: str = OURS) -> bool:
+    """SOL over runs, one line per shape, a panel per (dtype, direction). False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = history_rows(runs, impl)
+    panels = sorted({(r["dtype"], r["direction"]) for r in rows})
+    labels = [r.label for r in runs]
+    fig, axes = plt.subplots(
+        1, max(len(panels), 1), figsize=(4.5 * max(len(panels), 1), 4.2), sharey=True, squeeze=False
+    )
+    for ax, (dtype, direction) in zip(axes[0], panels, strict=False):
+        for case in sorted({r["case"] for r in rows if (r["dtype"], r["direction"]) == (dtype, direction)}):
+            pts = [
+                (labels.index(r["run"]), r["sol"])
+                for r in rows
+                if (r["case"], r["dtype"], r["direction"]) == (case, dtype, direction) and r["sol"]
+            ]
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.plot(xs, ys, marker="o", label=case)
+        ax.set_title(f"{impl} {dtype} {direction}")
+        ax.set_xticks(range(len(labels)), [lb.split()[0] for lb in labels], rotation=45, ha="right")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("fraction of SOL (copy bandwidth)")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=4, fontsize=7)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

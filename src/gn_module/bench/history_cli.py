@@ -1,0 +1,78 @@
+"""`python -m gn_module.bench history` and `python -m gn_module.bench gate`: saved runs, no GPU needed.
+
+history: every saved run under --storage, per (shape, dtype, direction): ours in us and in fraction of
+SOL across runs (commit, date), with the speedup over the best torch.compile of the same run;
+--plot writes SOL over commits, one line per shape.
+
+gate: one run (a --benchmark-json file, or the newest saved run) against a baseline (default: the newest
+other saved run in --storage). Exit 1 when one of OUR medians is more than --threshold percent slower;
+eager, torch.compile and foreign implementations are reported but never fail the gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from gn_module.bench import history
+
+EXIT_REGRESSION = 1
+EXIT_USAGE = 2
+
+
+def build_parser(command: str) -> argparse.ArgumentParser:
+    doc = (__doc__ or "").split("\n\n")
+    p = argparse.ArgumentParser(
+        prog=f"python -m gn_module.bench {command}",
+        description=doc[1] if command == "history" else doc[2],
+    )
+    p.add_argument(
+        "--storage",
+        default=".benchmarks",
+        help="pytest-benchmark storage folder, plain or file:// (default .benchmarks)",
+    )
+    if command == "history":
+        p.add_argument(
+            "--impl", default=history.OURS, help=f"implementation to follow (default {history.OURS})"
+        )
+        p.add_argument("--plot", metavar="PATH", help="write a PNG of SOL over runs (needs matplotlib)")
+        p.add_argument("--newest", action="store_true", help="print only the path of the newest saved run")
+    else:
+        p.add_argument("--run", metavar="JSON", help="the run to judge (default: the newest saved run)")
+        p.add_argument("--baseline", metavar="JSON", help="the baseline (default: newest other saved run)")
+        p.add_argument(
+            "--threshold",
+            type=float,
+            default=history.DEFAULT_THRESHOLD * 100,
+            help="percent slower that fails (default %(default)s)",
+        )
+    return p
+
+
+def main(command: str, argv: Sequence[str]) -> int:
+    parser = build_parser(command)
+    args = parser.parse_args(list(argv))
+    try:
+        if command == "history":
+            if args.newest:
+                print(history.newest_run(args.storage).path)
+                return 0
+            runs = history.load_runs(args.storage)
+            print(history.render_history(runs, args.impl))
+            if args.plot:
+                if history.write_history_plot(runs, args.plot, args.impl):
+                    print(f"wrote {args.plot}")
+                else:
+                    print("matplotlib is not installed; no plot written (pip install matplotlib)")
+            return 0
+        current = history.load_run(args.run) if args.run else history.newest_run(args.storage)
+        baseline = (
+            history.load_run(args.baseline)
+            if args.baseline
+            else history.newest_run(args.storage, exclude=[current.path])
+        )
+        result = history.gate(baseline, current, args.threshold / 100)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(history.render_gate(result, baseline, current))
+    return 0 if result.ok else EXIT_REGRESSION
