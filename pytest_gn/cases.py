@@ -5,12 +5,32 @@ worker and collection needs neither torch nor a GPU). `resolve` turns it into a 
 `GnCase` once the residency is known: from the occupancy API for the local device, from the
 schedule model for an emulated profile, or from a residency cap. All shapes come from
 `gn_module.schedule`; nothing here hard-codes a tile size.
+
+A case is a *cell* (direction, overflow ratio, dtype, act) in a *scope* (this GPU's capped
+and natural cases, or one GPU profile) with a *kind*: a (channels, groups) pair and a
+geometry. Geometries:
+
+- ``even``: every slice is whole tiles (one or two samples);
+- ``partial``: the last tile of every slice is partial (the slice is not a multiple of the
+  tile height);
+- ``batch``: two or more samples, and the first overflow tile falls inside a sample where
+  the tile counts allow it, so the overflow tiles a block runs belong to other samples than
+  its first tile;
+- ``2_31``: more than 2**31 elements (one sample, natural residency only; its tile count is
+  whatever that size gives, far above the residency).
+
+Rotation (the default): every cell runs once per scope, with kind ``(i + s) mod K`` for cell
+number ``i`` (cells in the order direction, ratio, dtype, act), scope number ``s`` (capped 0,
+natural 1, profile number p of the full profile list 2 + p) and K kinds. So a scope has as many
+cases as before the kinds existed, every scope meets every kind, and over K scopes every cell
+meets every kind. ``rotate=False`` crosses every kind with every cell instead.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
@@ -20,11 +40,26 @@ from gn_module import schedule
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 ACTS = {"silu": "silu", "none": None}
 DEFAULT_RATIOS = ("x1", "x1p1", "x2p1", "x4p3")
-DEFAULT_SHAPE = (128, 16)  # (channels, groups)
+DEFAULT_SHAPE = (128, 16)  # (channels, groups) whose ids carry no cCgG suffix
+#: Default (C, G) pairs: 16-byte vectors; the scalar path of 16-bit types with 5 (odd) channels
+#: per group, and fp32 4-wide vectors that straddle groups; the scalar path of every dtype;
+#: a single group; one channel per group (a vector spans 4 or 8 groups).
+DEFAULT_SHAPES = ((128, 16), (100, 20), (30, 10), (64, 1), (32, 32))
+GEOMETRIES = ("even", "partial", "batch")
+BIG = "2_31"  # geometry of the cases over 2**31 elements
+BIG_ELEMENTS = 2**31
 DEFAULT_CAP = 3  # the cheap variant's residency cap: small tensors, same overflow paths
-FOREIGN_TILE_ROWS = 512  # foreign kernels: any tile of up to this many rows must overflow
+FOREIGN_TILE_ROWS = 512  # foreign kernels without a description: any tile up to this many rows overflows
+#: Rows cut from a conservative foreign slice for the partial geometry: odd, so the last tile is
+#: partial for every power-of-two tile height up to FOREIGN_TILE_ROWS.
+FOREIGN_PARTIAL_CUT = FOREIGN_TILE_ROWS // 2 - 1
 VARIANTS = ("capped", "natural")
-MARKER_KWARGS = {"dtypes", "acts", "directions", "shapes", "channels", "groups", "ratios", "variants", "cap"}
+MARKER_KWARGS = {"dtypes", "acts", "directions", "shapes", "channels", "groups", "ratios", "variants", "cap",
+                 "geometries", "rotate", "over_2_31"}  # fmt: skip
+
+
+class CaseUnavailable(RuntimeError):
+    """No shape of the wanted geometry exists for this case; the case is skipped with this reason."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +100,7 @@ class CaseSpec:
     cap: int = DEFAULT_CAP  # used by the capped variant
     profile: str | None = None  # emulated GPU profile (arch sweep)
     schedule: str = "onepass"
+    geometry: str = "even"
 
     @property
     def id(self) -> str:
@@ -72,10 +108,21 @@ class CaseSpec:
         parts += [self.direction, self.schedule]
         if self.variant == "capped":
             parts.append(f"cap{self.cap}")
-        parts += [self.ratio.label, self.dtype, self.act or "noact"]
+        parts += [BIG if self.big else self.ratio.label, self.dtype, self.act or "noact"]
         if (self.channels, self.groups) != DEFAULT_SHAPE:
             parts.append(f"c{self.channels}g{self.groups}")
+        if self.geometry in ("partial", "batch"):
+            parts.append(self.geometry)
         return "-".join(parts)
+
+    @property
+    def big(self) -> bool:
+        return self.geometry == BIG
+
+    @property
+    def scope(self) -> str:
+        """Summary row of the case: the profile, or "local" (this GPU's own cases)."""
+        return self.profile or "local"
 
     @property
     def torch_dtype(self) -> str:
@@ -93,6 +140,11 @@ class CaseSpec:
         """Kernel configuration of the one-pass launch, named as `gn_module.resources` names it."""
         return onepass_config(self.direction, self.torch_dtype, self.tiling().vec)
 
+    def labels(self) -> dict[str, Any]:
+        """What the summary needs to place the case before it is resolved (xdist-safe, JSON)."""
+        return {"id": self.id, "profile": self.profile, "variant": self.variant, "geometry": self.geometry,
+                "direction": self.direction, "c": self.channels, "g": self.groups}  # fmt: skip
+
 
 def onepass_config(direction: str, dtype: str, vec: int) -> str:
     short = {v: k for k, v in DTYPES.items()}[dtype]
@@ -105,15 +157,46 @@ def _as_tuple(value: Any) -> tuple:
     return (value,)
 
 
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """``"128:16,100:20"`` -> ((128, 16), (100, 20)); raises ValueError naming the bad pair."""
+    pairs = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)\s*:\s*(\d+)", part)
+        if not m:
+            raise ValueError(f"expects C:G pairs like 128:16,100:20, got {part!r}")
+        pairs.append(_check_shape(int(m.group(1)), int(m.group(2))))
+    if not pairs:
+        raise ValueError("expects at least one C:G pair, like 128:16")
+    if len(set(pairs)) != len(pairs):
+        raise ValueError(f"repeats a C:G pair: {text!r}")
+    return tuple(pairs)
+
+
+def _check_shape(c: int, g: int) -> tuple[int, int]:
+    if c < 1 or g < 1 or c % g:
+        raise ValueError(f"shape (channels={c}, groups={g}): channels must be divisible by groups")
+    return c, g
+
+
 def specs_from_marker(
-    kwargs: dict[str, Any], profiles: tuple[str, ...] = (), foreign: bool = False
+    kwargs: dict[str, Any],
+    profiles: Sequence[str] = (),
+    foreign: bool = False,
+    default_shapes: Sequence[tuple[int, int]] | None = None,
+    profile_numbers: Mapping[str, int] | None = None,
 ) -> list[CaseSpec]:
     """Cases of one ``@pytest.mark.overflow_grid(...)``; raises ValueError on a bad argument.
 
     Arguments: dtypes ("fp16", "bf16", "fp32"), acts ("silu", None), directions ("fwd", "bwd"),
-    shapes [(channels, groups), ...] or channels=/groups=, ratios ("x1", "x1p1", "x2p1", "x4p3"),
-    variants ("capped", "natural"), cap (the capped variant's residency, default 3).
-    `profiles` adds the natural cases of each emulated profile (arch sweep).
+    shapes [(channels, groups), ...] or channels=/groups=, geometries ("even", "partial",
+    "batch"), ratios ("x1", "x1p1", "x2p1", "x4p3"), variants ("capped", "natural"), cap (the
+    capped variant's residency, default 3), rotate (default True: one kind per cell and scope,
+    see the module docstring), over_2_31 (default False: add one case per direction over 2**31
+    elements, natural only). `profiles` adds each emulated profile's cases (arch sweep);
+    `profile_numbers` gives each profile's number for the rotation (default: its position).
+    `default_shapes` replaces DEFAULT_SHAPES when the marker names no shapes (--gn-shapes).
     """
     unknown = set(kwargs) - MARKER_KWARGS
     if unknown:
@@ -124,14 +207,21 @@ def specs_from_marker(
     directions = _as_tuple(kwargs.get("directions", schedule.DIRECTIONS))
     ratios = [Ratio.parse(r) for r in _as_tuple(kwargs.get("ratios", DEFAULT_RATIOS))]
     variants = _as_tuple(kwargs.get("variants", VARIANTS))
+    geometries = _as_tuple(kwargs.get("geometries", GEOMETRIES))
     cap = kwargs.get("cap", DEFAULT_CAP)
+    rotate = kwargs.get("rotate", True)
+    big = kwargs.get("over_2_31", False)
     if "shapes" in kwargs:
         shapes = [tuple(s) for s in kwargs["shapes"]]
+    elif "channels" in kwargs or "groups" in kwargs:
+        shapes = [
+            (int(kwargs.get("channels", DEFAULT_SHAPE[0])), int(kwargs.get("groups", DEFAULT_SHAPE[1])))
+        ]
     else:
-        c = int(kwargs.get("channels", DEFAULT_SHAPE[0]))
-        shapes = [(c, int(kwargs.get("groups", DEFAULT_SHAPE[1])))]
-    for name, values, allowed in (("dtypes", dtypes, DTYPES), ("directions", directions, schedule.DIRECTIONS),
-                                  ("variants", variants, VARIANTS)):  # fmt: skip
+        shapes = [tuple(s) for s in (default_shapes or DEFAULT_SHAPES)]
+    allowed_values = (("dtypes", dtypes, DTYPES), ("directions", directions, schedule.DIRECTIONS),
+                      ("variants", variants, VARIANTS), ("geometries", geometries, GEOMETRIES))  # fmt: skip
+    for name, values, allowed in allowed_values:
         bad = [v for v in values if v not in allowed]
         if bad:
             raise ValueError(f"overflow_grid {name}={bad!r}: expected values among {list(allowed)}")
@@ -140,21 +230,35 @@ def specs_from_marker(
         raise ValueError(f"overflow_grid acts={acts!r}: expected 'silu' or None")
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
         raise ValueError(f"overflow_grid cap must be an int >= 1, got {cap!r}")
+    for name, flag in (("rotate", rotate), ("over_2_31", big)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"overflow_grid {name} must be True or False, got {flag!r}")
     for c, g in shapes:
-        if c < 1 or g < 1 or c % g:
-            raise ValueError(
-                f"overflow_grid shape (channels={c}, groups={g}): channels must be divisible by groups"
-            )
+        try:
+            _check_shape(c, g)
+        except ValueError as exc:
+            raise ValueError(f"overflow_grid {exc}") from None
+    cells = list(product(directions, ratios, dtypes, acts))
+    kinds = list(product(shapes, geometries))
+    numbers = dict(profile_numbers or {name: i for i, name in enumerate(profiles)})
+    scopes: list[tuple[str | None, str, int]] = []  # (profile, variant, scope number)
+    if not foreign:  # a foreign implementation cannot be capped: only natural shapes apply
+        scopes += [(None, "capped", 0)] if "capped" in variants else []
+    scopes += [(None, "natural", 1)] if "natural" in variants else []
+    if not foreign:  # profile emulation (caps, PTX builds) applies to gn_module only
+        scopes += [(p, "natural", 2 + numbers.get(p, i)) for i, p in enumerate(profiles)]
     specs = []
-    for scope in (None, *(() if foreign else profiles)):  # local cases first, then each profile's
-        for (c, g), direction, ratio, dtype, act in product(shapes, directions, ratios, dtypes, acts):
-            if scope is not None:
-                specs.append(CaseSpec(direction, ratio, dtype, act, c, g, profile=scope))
-                continue
-            for variant in variants:
-                if variant == "capped" and foreign:
-                    continue  # a foreign implementation cannot be capped: only natural shapes apply
-                specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, cap))
+    for profile, variant, number in scopes:
+        for i, (direction, ratio, dtype, act) in enumerate(cells):
+            chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
+            for (c, g), geometry in chosen:
+                specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, cap, profile,
+                                      geometry=geometry))  # fmt: skip
+    if big and "natural" in variants:
+        dtype = "bf16" if "bf16" in dtypes else dtypes[0]  # the smallest dtype keeps it to seconds
+        for direction in directions:
+            c, g = shapes[0]
+            specs.append(CaseSpec(direction, Ratio(1), dtype, acts[0], c, g, "natural", cap, geometry=BIG))
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):
         raise ValueError("overflow_grid arguments produce duplicate cases (repeated values?)")
@@ -168,11 +272,12 @@ class GnCase:
     spec: CaseSpec
     shape: tuple[int, ...]  # (N, C, H, W), stored channels_last
     residency: int  # the residency the overflow is measured against
-    tiles: int  # one-pass tiles of the shape (for foreign code: 512-row units)
+    tiles: int  # one-pass tiles of the shape (for foreign code: its own or 512-row tiles)
     cap: int | None  # residency cap applied while the case runs
     expected_grid: int | None  # None when the launch is not ours to predict
     variant: str | None = None  # build variant ("compute_80") or None for the native build
     notes: tuple[str, ...] = field(default_factory=tuple)
+    tile_rows: int | None = None  # rows per tile the tile count is in
 
     @property
     def id(self) -> str:
@@ -203,33 +308,131 @@ class GnCase:
     def numel(self) -> int:
         return schedule.elements(self.shape)
 
-    def bytes_needed(self) -> int:
-        """Device memory of a check: x, y, dy, dx in the dtype plus fp64 reference copies."""
-        return self.numel * (4 * self.spec.itemsize + 6 * 8)
+    def bytes_needed(self, foreign: bool = False) -> int:
+        """Device memory one check of this case allocates at its peak (see `memory_estimate`)."""
+        return memory_estimate(self, foreign)
 
     def summary(self) -> dict[str, Any]:
         return {
-            "id": self.id, "profile": self.spec.profile, "variant": self.spec.variant,
-            "direction": self.direction, "shape": list(self.shape), "tiles": self.tiles,
+            **self.spec.labels(), "shape": list(self.shape), "tiles": self.tiles,
             "residency": self.residency, "grid": self.expected_grid, "overflow": self.overflow_tiles,
             "build": self.variant or "native", "notes": list(self.notes),
         }  # fmt: skip
 
 
+# ------------------------------------------------------------------ memory
+#: The fp64 reference runs on whole (sample, group) blocks of about this many elements at a time.
+REF_CHUNK_ELEMENTS = 1 << 24
+#: Peak bytes per element of one reference chunk: the fp64 copies of the chunk's inputs, torch's
+#: GroupNorm (+ SiLU) in fp64 and, backward, its autograd graph and gradients, then the fp64
+#: temporaries of the comparison. Measured on the CPU with torch 2.13 (peak RSS): 36 forward,
+#: 46 backward; about 1.5x and 2x that here, for CUDA's own kernels and the caching allocator
+#: (the GPU summary prints measured peaks against these estimates).
+REF_BYTES_PER_ELEMENT = {"fwd": 56, "bwd": 96}
+#: The inputs are drawn in chunks of this many elements (fp32 values, scaled, plus the ramp).
+INPUT_CHUNK_ELEMENTS = 1 << 24
+#: Memory no estimate goes below: workspace rounding, mean/rstd, the allocator's block rounding.
+FIXED_BYTES = 64 << 20
+
+
+def reference_chunk(shape: tuple[int, ...], groups: int) -> tuple[int, int]:
+    """(samples, groups) per fp64 reference chunk: whole samples when one fits the chunk size,
+    else whole groups of one sample (at least one, whatever its size)."""
+    n, c = shape[0], shape[1]
+    per_sample = schedule.elements(shape[1:])
+    if per_sample <= REF_CHUNK_ELEMENTS:
+        return max(1, min(n, REF_CHUNK_ELEMENTS // max(1, per_sample))), groups
+    per_group = per_sample // c * (c // groups)
+    return 1, max(1, min(groups, REF_CHUNK_ELEMENTS // per_group))
+
+
+def memory_estimate(case: GnCase, foreign: bool = False) -> int:
+    """Peak device memory (bytes) of checking `case`, the largest of three phases.
+
+    - inputs: x (and dy) plus the fp32 chunk they are drawn from;
+    - run: gn_module forward holds x, the one-pass y and the two-pass y plus torch.equal's bool
+      map; backward x, dy, the one-pass dx, the two-pass y and dx and the bool map. A foreign
+      implementation (in its child process) holds x (and dy), the copy of x it is given, y
+      (and dx); its own temporaries are not ours to know and are not counted;
+    - check: the inputs and the checked outputs, plus the largest fp64 reference chunk.
+
+    gn_module's workspace (from the schedule model) comes on top.
+    """
+    e, itemsize = case.numel, case.spec.itemsize
+    fwd = case.direction == "fwd"
+    inputs = 1 if fwd else 2
+    gen = inputs * e * itemsize + min(e, INPUT_CHUNK_ELEMENTS) * 4 * 3
+    if foreign:
+        run = (inputs + 2 + (0 if fwd else 1)) * e * itemsize
+    else:
+        run = (inputs + 1 + (1 if fwd else 2)) * e * itemsize + e
+    samples, groups = reference_chunk(case.shape, case.num_groups)
+    chunk = e // case.shape[0] * samples // case.num_groups * groups
+    check = (inputs + 1) * e * itemsize + chunk * REF_BYTES_PER_ELEMENT[case.direction]
+    total = max(gen, run, check) + FIXED_BYTES
+    if not foreign:
+        n, c = case.shape[0], case.shape[1]
+        t = schedule.tiling(c, case.num_groups, e // (n * c), itemsize, case.direction, batch=n)
+        total += 4 * sum(schedule.workspace_layout(t, n).values())
+    return total
+
+
+# ------------------------------------------------------------------ shapes
+def spatial(rows: int, rows_per_tile: int) -> tuple[int, int]:
+    """(H, W) with H x W = rows; W is the largest divisor of rows up to the tile height, so a
+    whole-tile slice reads (tiles per slice, rows per tile) as before."""
+    for w in range(min(rows, rows_per_tile), 0, -1):
+        if rows % w == 0:
+            return rows // w, w
+    return rows, 1
+
+
+def _batches(tiles: int, grid: int) -> list[int]:
+    """Sample counts N >= 2 that divide `tiles`, best first: the first overflow tile inside a
+    sample whose tiles are at most the grid, then inside any sample, then the fewest samples."""
+
+    def rank(n: int) -> tuple[bool, bool, int]:
+        per = tiles // n
+        return grid % per == 0, per > grid, n
+
+    divisors = {d for i in range(1, math.isqrt(tiles) + 1) if tiles % i == 0 for d in (i, tiles // i)}
+    return sorted((n for n in divisors if n >= 2), key=rank)
+
+
+def geometry_candidates(
+    geometry: str, tiles: int, rows_per_tile: int, grid: int, cut: int | None = None
+) -> list[tuple[int, int]]:
+    """(samples, rows per slice) that cut into `tiles` tiles of `rows_per_tile` rows with the
+    geometry, best first, before any check against a real tiling. `cut`: rows taken from a
+    partial slice (default: half a tile)."""
+    if geometry == "even":
+        found = [(b, tiles // b * rows_per_tile) for b in (2, 1) if tiles % b == 0]
+        return [*found, (tiles, rows_per_tile)]
+    if geometry == "partial":
+        cut = rows_per_tile // 2 if cut is None else cut
+        if not 1 <= cut < rows_per_tile:
+            return []
+        return [(b, tiles // b * rows_per_tile - cut) for b in (1, 2) if tiles % b == 0 and tiles // b >= 2]
+    if geometry == "batch":
+        return [(n, tiles // n * rows_per_tile) for n in _batches(tiles, grid)]
+    raise ValueError(f"unknown geometry {geometry!r}")
+
+
 def shape_for_tiles(
-    spec: CaseSpec, tiles: int, rows_per_tile: int
+    spec: CaseSpec, tiles: int, rows_per_tile: int, grid: int | None = None
 ) -> tuple[tuple[int, ...], schedule.Tiling] | None:
-    """(N, C, H, W) with exactly `tiles` one-pass tiles of `rows_per_tile` rows (H = tiles per
-    slice, W = rows per tile) and the model's tiling of it; None when that tile height cannot
-    give that many tiles."""
-    found = schedule.batch_rows_for_tiles(
-        spec.channels, spec.groups, spec.itemsize, spec.direction, tiles, rows_per_tile
-    )
-    if found is None:
-        return None
-    batch, rows = found
-    t = schedule.tiling(spec.channels, spec.groups, rows, spec.itemsize, spec.direction, batch=batch)
-    return (batch, spec.channels, t.tiles_per_slice, t.rows_per_tile), t
+    """(N, C, H, W) of the spec's geometry with exactly `tiles` one-pass tiles of
+    `rows_per_tile` rows and the model's tiling of it; None when that tile height cannot give
+    that many tiles in that geometry. `grid` (default: `tiles`) ranks the batch geometry."""
+    grid = tiles if grid is None else grid
+    for batch, rows in geometry_candidates(spec.geometry, tiles, rows_per_tile, grid):
+        t = schedule.tiling(spec.channels, spec.groups, rows, spec.itemsize, spec.direction, batch=batch)
+        if t.rows_per_tile != rows_per_tile or batch * t.tiles_per_slice != tiles:
+            continue
+        if spec.geometry == "partial" and rows % rows_per_tile == 0:
+            continue
+        return (batch, spec.channels, *spatial(rows, rows_per_tile)), t
+    return None
 
 
 Residency = int | Callable[[schedule.Tiling], int]
@@ -252,24 +455,30 @@ def resolve(
     until both agree. `cap` lowers it (a residency cap in force); `cap_at_residency` caps the
     grid at the residency itself (profile emulation). `device_residency` is what the GPU running
     the case really holds; when it is below the emulated residency the grid is the device's.
+    Raises CaseUnavailable when no shape of the spec's geometry fits.
     """
     of = residency if callable(residency) else (lambda _t, r=residency: r)
-    # The residency depends on the tile height (shared memory), and the tile height on the tile
-    # count (small tensors get short tiles): fix the height first, then find a shape with it.
-    for rows_per_tile in schedule.tile_row_choices(spec.channels, spec.itemsize, spec.direction):
-        probe = schedule.tiling(
-            spec.channels, spec.groups, rows_per_tile, spec.itemsize, spec.direction, batch=schedule.MIN_TILES
-        )
-        r = of(probe) if cap is None else min(of(probe), cap)
-        if r < 1:
-            raise ValueError(f"{spec.id}: one-pass residency is {r}: the one-pass kernel cannot run")
-        tiles = spec.ratio.tiles(r)
-        found = shape_for_tiles(spec, tiles, rows_per_tile)
-        if found is not None:
-            shape, t = found
-            break
+    if spec.big:
+        shape, t, r = _big_shape(spec, of, cap)
     else:
-        raise RuntimeError(f"{spec.id}: no shape has {tiles} tiles of any tile height the model allows")
+        # The residency depends on the tile height (shared memory), and the tile height on the tile
+        # count (small tensors get short tiles): fix the height first, then find a shape with it.
+        for rows_per_tile in schedule.tile_row_choices(spec.channels, spec.itemsize, spec.direction):
+            probe = schedule.tiling(spec.channels, spec.groups, rows_per_tile, spec.itemsize, spec.direction,
+                                    batch=schedule.MIN_TILES)  # fmt: skip
+            r = of(probe) if cap is None else min(of(probe), cap)
+            if r < 1:
+                raise ValueError(f"{spec.id}: one-pass residency is {r}: the one-pass kernel cannot run")
+            tiles = spec.ratio.tiles(r)
+            found = shape_for_tiles(spec, tiles, rows_per_tile, min(tiles, r))
+            if found is not None:
+                shape, t = found
+                break
+        else:
+            raise CaseUnavailable(
+                f"{spec.id}: no {spec.geometry} shape has {tiles} tiles of any tile height the model allows"
+            )
+    tiles = shape[0] * t.tiles_per_slice
     grid = min(tiles, r)
     if device_residency is not None:
         dev = device_residency(t) if callable(device_residency) else device_residency
@@ -277,20 +486,88 @@ def resolve(
             notes = (*notes, f"grid limited by the device ({dev} < emulated {r})")
             grid = dev
     cap_used = r if cap_at_residency else cap
-    return GnCase(spec, shape, r, tiles, cap_used, grid, variant, tuple(notes))
+    return GnCase(spec, shape, r, tiles, cap_used, grid, variant, tuple(notes), t.rows_per_tile)
 
 
-def resolve_foreign(spec: CaseSpec, sm_count: int, max_blocks_per_sm: int) -> GnCase:
-    """A shape whose row count overflows any grid of tiles up to 512 rows on the device.
+def big_rows(channels: int) -> int:
+    """Rows of the one slice of a 2_31 case: the fewest with more than 2**31 elements."""
+    return BIG_ELEMENTS // channels + 1
 
-    No kernel can hold more than sm_count x max_blocks_per_sm blocks, so with S rows per slice
-    a tile of <= 512 rows gives at least S / 512 tiles; S = 512 x ratio(bound) overflows them all.
+
+def _big_shape(
+    spec: CaseSpec, of: Callable[[schedule.Tiling], int], cap: int | None
+) -> tuple[tuple[int, ...], schedule.Tiling, int]:
+    rows = big_rows(spec.channels)
+    t = schedule.tiling(spec.channels, spec.groups, rows, spec.itemsize, spec.direction)
+    r = of(t) if cap is None else min(of(t), cap)
+    if r < 1:
+        raise ValueError(f"{spec.id}: one-pass residency is {r}: the one-pass kernel cannot run")
+    if t.tiles_per_slice <= r:
+        raise CaseUnavailable(f"{spec.id}: {t.tiles_per_slice} tiles do not overflow a residency of {r}")
+    return (1, spec.channels, *spatial(rows, t.rows_per_tile)), t, r
+
+
+# ------------------------------------------------------------------ foreign implementations
+#: ``describe(shape) -> (tile_rows, resident_blocks)`` or None (see `pytest_gn.describe`).
+Describe = Callable[[tuple[int, ...]], "tuple[int, int] | None"]
+
+
+def foreign_shape(spec: CaseSpec, tile_rows: int, resident: int, conservative: bool = False) -> tuple[
+    tuple[int, ...], int
+]:  # fmt: skip
+    """(shape, tiles) for an implementation that cuts each sample into tiles of `tile_rows` rows
+    and holds `resident` blocks. Raises CaseUnavailable when the geometry is impossible."""
+    if spec.big:
+        rows = big_rows(spec.channels)
+        tiles = -(-rows // tile_rows)
+        if tiles <= resident:
+            raise CaseUnavailable(f"{spec.id}: {tiles} tiles of {tile_rows} rows do not overflow {resident}")
+        return (1, spec.channels, *spatial(rows, tile_rows)), tiles
+    tiles = spec.ratio.tiles(resident)
+    cut = FOREIGN_PARTIAL_CUT if conservative else None
+    found = geometry_candidates(spec.geometry, tiles, tile_rows, min(tiles, resident), cut)
+    if not found:
+        raise CaseUnavailable(f"{spec.id}: no {spec.geometry} shape has {tiles} tiles of {tile_rows} rows")
+    batch, rows = found[0]
+    return (batch, spec.channels, *spatial(rows, tile_rows)), tiles
+
+
+def resolve_foreign(
+    spec: CaseSpec, sm_count: int, max_blocks_per_sm: int, describe: Describe | None = None
+) -> GnCase:
+    """The case for a foreign implementation.
+
+    With a description (`describe(shape) -> (tile_rows, resident_blocks)`), the shape has
+    ratio x resident_blocks tiles of the implementation's own height; the description is asked
+    again for the new shape until it stops changing. Without one (or when it returns None): a
+    shape whose rows overflow any grid of tiles up to 512 rows on the device: no kernel holds
+    more than sm_count x max_blocks_per_sm blocks, so S = 512 x ratio(bound) rows overflow them.
     """
     bound = sm_count * max_blocks_per_sm
-    units = spec.ratio.tiles(bound)
-    rows = FOREIGN_TILE_ROWS * units
-    return GnCase(
-        spec, (1, spec.channels, units, FOREIGN_TILE_ROWS), bound, units, None, None, None,
-        (f"foreign implementation: {rows} rows overflow any grid of <= {bound} blocks with tiles of "
-         f"<= {FOREIGN_TILE_ROWS} rows",),
+    shape, units = foreign_shape(spec, FOREIGN_TILE_ROWS, bound, conservative=True)
+    fallback = GnCase(
+        spec, shape, bound, units, None, None, None,
+        (f"foreign implementation: {units * FOREIGN_TILE_ROWS} rows overflow any grid of <= {bound} blocks "
+         f"with tiles of <= {FOREIGN_TILE_ROWS} rows",), FOREIGN_TILE_ROWS,
     )  # fmt: skip
+    if describe is None:
+        return fallback
+    said = describe(shape)
+    for _ in range(8):
+        if said is None:
+            return fallback
+        rows, resident = said
+        shape, tiles = foreign_shape(spec, rows, resident)
+        again = describe(shape)
+        if again == said:
+            note = (
+                f"sized by the implementation's description: tiles of {rows} rows, {resident} resident blocks"
+            )
+            return GnCase(spec, shape, resident, tiles, None, None, None, (note,), rows)
+        said = again
+    if said is None:
+        return fallback
+    rows, resident = said
+    shape, tiles = foreign_shape(spec, rows, resident)
+    note = f"the implementation's description did not settle (last: {said}); sized by its last answer"
+    return GnCase(spec, shape, resident, tiles, None, None, None, (note,), rows)

@@ -2,6 +2,8 @@
 
 Reads {"case", "impl", "seed", "device"} from stdin. Lives in its own process so that an
 implementation that aborts (device-side assert, segfault) cannot take the pytest session down.
+Prints a phase line before the forward, the backward and the reference, so the parent can say
+where a process that died was.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from dataclasses import asdict
 
 
 def main() -> int:
-    from pytest_gn.runner import RESULT_TAG, CaseResult, case_from_json, check_case, load_impl
+    from pytest_gn.runner import PHASE_TAG, RESULT_TAG, CaseResult, case_from_json, check_case, load_impl
+
+    def phase(name: str) -> None:
+        print(PHASE_TAG + name, flush=True)
 
     request = json.loads(sys.stdin.read())
     try:
@@ -24,7 +29,7 @@ def main() -> int:
             torch.cuda.set_device(int(device))
         case = case_from_json(request["case"])
         result = check_case(
-            case, load_impl(request["impl"]), int(request["seed"]), "cpu" if device == "cpu" else None
+            case, load_impl(request["impl"]), int(request["seed"]), "cpu" if device == "cpu" else None, phase
         )
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # surface asynchronous device errors inside this case

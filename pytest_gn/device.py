@@ -34,7 +34,7 @@ MAIN_CONFIGS = ("fwd_onepass[fp16,vec8]", "bwd_onepass[fp16,vec8]")
 class GnDevice:
     """What `gn_device` yields: the device, its per-SM limits and each one-pass config's residency."""
 
-    index: int
+    index: int | str  # CUDA ordinal ("cpu" only in the plugin's CPU tests)
     name: str
     cc: tuple[int, int]
     sm_count: int
@@ -113,10 +113,27 @@ def fill_residency(dev: GnDevice) -> None:
         dev.error = f"{type(exc).__name__}: {exc}"
 
 
-def free_memory(index: int) -> int:
+def free_memory(device: GnDevice) -> int:
+    """Free bytes on the device. A device whose index is "cpu" (the plugin's own CPU tests put
+    one in place of a GPU) reports its total_memory as free."""
+    if device.index == "cpu":
+        return device.total_memory
     import torch
 
-    return int(torch.cuda.mem_get_info(index)[0])
+    return int(torch.cuda.mem_get_info(device.index)[0])
+
+
+def release_memory(device: GnDevice) -> None:
+    """Hand this process's cached, unused device memory back to the driver (other processes and
+    xdist workers on the same GPU see it as free)."""
+    if device.index == "cpu":
+        return
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def describe_limits(limits: DeviceLimits) -> str:

@@ -7,20 +7,26 @@ from dataclasses import dataclass
 
 import pytest
 
-# (option, ini key, help, kind)
+# (option, ini key, metavar (None: a flag), help); the help serves both the option and the ini key.
 _SPECS = (
-    ("--gn-arch-sweep", "gn_arch_sweep", "run the bundled GroupNorm validation suite for every GPU profile "
-     "(compile per arch, residency, overflow cases; PTX builds of older archs on this GPU)", "bool"),
-    ("--gn-profiles", "gn_profiles", "comma-separated GPU profiles for the sweep (default: all built-in "
-     "and user profiles)", "string"),
-    ("--gn-max-resident", "gn_max_resident", "cap every one-pass GroupNorm launch at K co-resident blocks "
-     "(sets GN_MAX_RESIDENT_BLOCKS)", "string"),
-    ("--gn-impl", "gn_impl", "GroupNorm under test as module:callable taking (x, num_groups, weight, bias, "
-     "eps, act) (default: gn_module.group_norm)", "string"),
-    ("--gn-seed", "gn_seed", "base seed of generated inputs (default 0)", "string"),
+    ("--gn-arch-sweep", "gn_arch_sweep", None, "run the bundled GroupNorm validation suite for every GPU "
+     "profile (compile per arch, residency, overflow cases; PTX builds of older archs on this GPU). "
+     "Default: off"),
+    ("--gn-profiles", "gn_profiles", "NAME,...", "comma-separated GPU profiles for the sweep. Default: all "
+     "built-in and user profiles"),
+    ("--gn-max-resident", "gn_max_resident", "K", "cap every one-pass GroupNorm launch at K co-resident "
+     "blocks (sets GN_MAX_RESIDENT_BLOCKS). Default: no cap"),
+    ("--gn-impl", "gn_impl", "MODULE:CALLABLE", "GroupNorm under test, a callable taking (x, num_groups, "
+     "weight, bias, eps, act); on the command line without test paths it runs the bundled validation "
+     "suite. Default: gn_module.group_norm"),
+    ("--gn-shapes", "gn_shapes", "C:G,...", "(channels, groups) pairs of the overflow cases of every "
+     "overflow_grid marker that names no shapes, e.g. 128:16,100:20. Default: "
+     "128:16,100:20,30:10,64:1,32:32"),
+    ("--gn-seed", "gn_seed", "N", "base seed of generated inputs. Default: 0"),
 )  # fmt: skip
 
 DEFAULT_IMPL = "gn_module.functional:group_norm"
+OWN_IMPLS = (DEFAULT_IMPL, "gn_module:group_norm")
 
 
 @dataclass(frozen=True)
@@ -31,30 +37,33 @@ class GnOptions:
     impl: str = DEFAULT_IMPL
     seed: int = 0
     profiles_file: str = ""
+    shapes: tuple[tuple[int, int], ...] | None = None  # None: the markers' defaults
+    impl_on_command_line: bool = False  # --gn-impl given as an option (not only as an ini key)
 
     @property
     def foreign(self) -> bool:
         """True when the implementation under test is not gn_module's own."""
-        return self.impl not in (DEFAULT_IMPL, "gn_module:group_norm")
+        return self.impl not in OWN_IMPLS
 
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("gn", "GroupNorm validation (pytest-gn)")
-    for opt, ini, help_text, kind in _SPECS:
-        if kind == "bool":
+    for opt, ini, metavar, help_text in _SPECS:
+        if metavar is None:
             group.addoption(opt, action="store_true", default=None, dest=ini, help=help_text)
             parser.addini(ini, help_text, type="bool", default=False)
         else:
-            metavar = {"gn_profiles": "NAME,...", "gn_max_resident": "K", "gn_impl": "MODULE:CALLABLE",
-                       "gn_seed": "N"}[ini]  # fmt: skip
             group.addoption(opt, action="store", default=None, dest=ini, metavar=metavar, help=help_text)
             parser.addini(ini, help_text, type="string", default="")
     parser.addini("gn_profiles_file", "TOML or JSON file with extra GPU profiles for the sweep", default="")
 
 
-def _raw(config: pytest.Config, key: str):
+def _raw(config: pytest.Config, key: str) -> tuple[object, str]:
+    """(value, where it came from): the command line beats the ini key."""
     value = config.getoption(key, default=None)
-    return config.getini(key) if value is None else value
+    if value is not None:
+        return value, "--" + key.replace("_", "-")
+    return config.getini(key), f"{key} (ini)"
 
 
 def _int(text: str | int, what: str, minimum: int) -> int:
@@ -68,18 +77,33 @@ def _int(text: str | int, what: str, minimum: int) -> int:
 
 
 def read_options(config: pytest.Config) -> GnOptions:
-    """Options from the command line, falling back to ini keys; bad values raise UsageError."""
-    impl = str(_raw(config, "gn_impl") or "").strip() or DEFAULT_IMPL
+    """Options from the command line, falling back to ini keys; bad values raise UsageError
+    naming where the value came from (the option or the ini key)."""
+    from pytest_gn.cases import parse_shapes
+
+    raw_impl, impl_from = _raw(config, "gn_impl")
+    impl = str(raw_impl or "").strip() or DEFAULT_IMPL
     if not re.fullmatch(r"[\w.]+:[\w.]+", impl):
-        msg = f"--gn-impl expects module:callable (e.g. mypkg.norm:group_norm), got {impl!r}"
-        raise pytest.UsageError(msg)
-    cap = str(_raw(config, "gn_max_resident") or "").strip()
-    seed = str(_raw(config, "gn_seed") or "").strip()
+        raise pytest.UsageError(
+            f"{impl_from} expects module:callable (e.g. mypkg.norm:group_norm), got {impl!r}"
+        )
+    cap, cap_from = _raw(config, "gn_max_resident")
+    seed, seed_from = _raw(config, "gn_seed")
+    shapes_text, shapes_from = _raw(config, "gn_shapes")
+    shapes = None
+    if str(shapes_text or "").strip():
+        try:
+            shapes = parse_shapes(str(shapes_text))
+        except ValueError as exc:
+            raise pytest.UsageError(f"{shapes_from} {exc}") from None
+    cap_text, seed_text = str(cap or "").strip(), str(seed or "").strip()
     return GnOptions(
-        arch_sweep=bool(_raw(config, "gn_arch_sweep")),
-        profiles=str(_raw(config, "gn_profiles") or "").strip(),
-        max_resident=_int(cap, "--gn-max-resident", 1) if cap else None,
+        arch_sweep=bool(_raw(config, "gn_arch_sweep")[0]),
+        profiles=str(_raw(config, "gn_profiles")[0] or "").strip(),
+        max_resident=_int(cap_text, cap_from, 1) if cap_text else None,
         impl=impl,
-        seed=_int(seed, "--gn-seed", 0) if seed else 0,
+        seed=_int(seed_text, seed_from, 0) if seed_text else 0,
         profiles_file=str(config.getini("gn_profiles_file") or "").strip(),
+        shapes=shapes,
+        impl_on_command_line=config.getoption("gn_impl", default=None) is not None,
     )

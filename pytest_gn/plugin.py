@@ -23,10 +23,14 @@ SUITE_DIR = Path(__file__).resolve().parent / "suite"
 ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
 MARKERS = (
     "overflow_grid(dtypes=('fp16','bf16','fp32'), acts=('silu', None), directions=('fwd','bwd'), "
-    "shapes=[(128, 16)], ratios=('x1','x1p1','x2p1','x4p3'), variants=('capped','natural'), cap=3): "
-    "parametrize the test (through the gn_case fixture) with GroupNorm cases whose one-pass grid "
-    "overflows the residency of this GPU (natural), of a residency cap (capped, cheap) and, with "
-    "--gn-arch-sweep, of every GPU profile. Ratios: tiles = m x residency + k ('x2p1' = 2R+1).",
+    "shapes=[(128, 16), (100, 20), (30, 10), (64, 1), (32, 32)], geometries=('even','partial','batch'), "
+    "ratios=('x1','x1p1','x2p1','x4p3'), variants=('capped','natural'), cap=3, rotate=True, "
+    "over_2_31=False): parametrize the test (through the gn_case fixture) with GroupNorm cases whose "
+    "one-pass grid overflows the residency of this GPU (natural), of a residency cap (capped, cheap) "
+    "and, with --gn-arch-sweep, of every GPU profile. Ratios: tiles = m x residency + k ('x2p1' = 2R+1). "
+    "rotate: each (direction, ratio, dtype, act) cell runs once per scope with one (shape, geometry) "
+    "kind, rotated over cells and scopes; rotate=False crosses every kind with every cell. "
+    "over_2_31: one more case per direction over 2**31 elements (this GPU only).",
     "gn_cuda: the test needs a usable CUDA device; skipped with the reason when there is none.",
 )
 
@@ -36,6 +40,7 @@ class GnState:
     opts: options.GnOptions
     profiles: list[DeviceLimits]
     selected: list[DeviceLimits]
+    impl: Callable[..., Any] | None = None  # the resolved --gn-impl callable (None: gn_module's own)
     tally: Tally = field(default_factory=Tally)
     _sweep: Any = None
     _device: Any = None
@@ -71,25 +76,36 @@ class GnState:
             dev.fill_residency(self._device)
         return self._device, self._device_reason
 
+    def set_device(self, device: Any, reason: str | None = None) -> None:
+        """Use `device` (a `pytest_gn.device.GnDevice`) instead of probing CUDA: the plugin's own
+        CPU tests put a device with index "cpu" here to run foreign cases on the CPU."""
+        self._device, self._device_reason, self._device_probed = device, reason, True
+
 
 STATE = pytest.StashKey[GnState]()
 
 
 class _Recorder:
-    """Tallies overflow cases from test reports (works on the xdist controller too)."""
+    """Tallies overflow cases and self-checks from test reports (works on the xdist controller too)."""
 
     def __init__(self, tally: Tally) -> None:
         self.tally = tally
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
+        if report.when != "call" and report.outcome == "passed":
+            return
+        if "gn_selfcheck" in props:
+            self.tally.add_selfcheck(report.nodeid, report.outcome)
         case = props.get("gn_case") or props.get("gn_spec")
-        if case is None or (report.when != "call" and report.outcome == "passed"):
+        if case is None:
             return
         reason = ""
         if report.skipped and isinstance(report.longrepr, tuple):
             reason = str(report.longrepr[2]).removeprefix("Skipped: ")
         self.tally.add(case, report.outcome, reason)
+        if "gn_memory" in props:
+            self.tally.memory[case["id"]] = props["gn_memory"]
 
 
 def _state(config: pytest.Config) -> GnState:
@@ -125,6 +141,19 @@ def _load_profiles(config: pytest.Config, opts: options.GnOptions) -> list[Devic
     return profiles.merge_profiles(profiles.BUILTIN_PROFILES, extra)
 
 
+def _resolve_impl(opts: options.GnOptions) -> Callable[..., Any] | None:
+    """The --gn-impl callable, imported now so that a bad one is a usage error, not a green run."""
+    if not opts.foreign:
+        return None
+    from pytest_gn.runner import ImplError, load_impl
+
+    try:
+        return load_impl(opts.impl)
+    except ImplError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.hookimpl(tryfirst=True)  # before conftests' pytest_configure, which may ask impl_under_test
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
@@ -136,14 +165,17 @@ def pytest_configure(config: pytest.Config) -> None:
         selected = select_profiles(opts.profiles, all_profiles)
     except KeyError as exc:
         raise pytest.UsageError(f"--gn-profiles: {exc.args[0]}") from None
-    state = GnState(opts, all_profiles, selected)
+    state = GnState(opts, all_profiles, selected, impl=_resolve_impl(opts))
     config.stash[STATE] = state
     config.pluginmanager.register(_Recorder(state.tally), "gn-recorder")
     if opts.max_resident is not None:
         os.environ[ENV_CAP] = str(opts.max_resident)  # also reaches child processes
-    if opts.arch_sweep:
+    # xdist workers configure again with the controller's command line, so they decide alike.
+    if opts.impl_on_command_line and config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args[:] = [str(SUITE_DIR)]  # `pytest --gn-impl m:f`: the bundled suite, for that impl
+    elif opts.arch_sweep:
         have = {str(Path(a).resolve()) for a in config.args}
-        if str(SUITE_DIR) not in have:  # xdist workers configure again with the controller's args
+        if str(SUITE_DIR) not in have:
             config.args.append(str(SUITE_DIR))
 
 
@@ -158,21 +190,35 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError(f"{name}: a test marked overflow_grid must take the gn_case fixture")
     state = _state(metafunc.config)
     profiles = tuple(p.name for p in state.selected) if state.opts.arch_sweep else ()
+    numbers = {p.name: i for i, p in enumerate(state.profiles)}  # stable whatever --gn-profiles picks
     try:
-        specs = specs_from_marker(dict(marker.kwargs), profiles=profiles, foreign=state.opts.foreign)
+        specs = specs_from_marker(dict(marker.kwargs), profiles=profiles, foreign=state.opts.foreign,
+                                  default_shapes=state.opts.shapes, profile_numbers=numbers)  # fmt: skip
     except ValueError as exc:
         raise pytest.UsageError(f"{name}: {exc}") from None
     metafunc.parametrize("gn_case", specs, ids=[s.id for s in specs], indirect=True)
 
 
+#: Suite modules that check gn_module's own kernels (per-arch compile, model vs occupancy API).
+OWN_KERNEL_MODULES = ("test_gn_static.py", "test_gn_selfcheck.py")
+
+
+def _in_suite(item: pytest.Item) -> bool:
+    return SUITE_DIR in Path(str(item.path)).resolve().parents
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not _state(config).opts.arch_sweep:
-        return
+    opts = _state(config).opts
     keep, drop = [], []
     for item in items:
-        in_suite = SUITE_DIR in Path(str(item.path)).resolve().parents
-        (keep if in_suite or item.get_closest_marker("overflow_grid") else drop).append(item)
-    if drop:  # the sweep runs the bundled suite plus the user's overflow_grid tests only
+        if opts.arch_sweep:  # the sweep runs the bundled suite plus the user's overflow_grid tests only
+            wanted = _in_suite(item) or item.get_closest_marker("overflow_grid") is not None
+        else:  # a foreign implementation's suite is its overflow cases; the rest is about gn_module
+            wanted = not (
+                opts.foreign and _in_suite(item) and Path(str(item.path)).name in OWN_KERNEL_MODULES
+            )
+        (keep if wanted else drop).append(item)
+    if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
@@ -180,7 +226,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_setup(item: pytest.Item) -> None:
     spec = getattr(getattr(item, "callspec", None), "params", {}).get("gn_case")
     if isinstance(spec, CaseSpec):  # known before any skip, so the summary counts skipped cases
-        item.user_properties.append(("gn_spec", {"id": spec.id, "profile": spec.profile}))
+        item.user_properties.append(("gn_spec", spec.labels()))
+    if _in_suite(item) and Path(str(item.path)).name == "test_gn_selfcheck.py":
+        item.user_properties.append(("gn_selfcheck", True))
     if item.get_closest_marker("gn_cuda") or item.get_closest_marker("overflow_grid"):
         _, reason = _state(item.config).device(with_residency=False)
         if reason:
@@ -197,7 +245,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     except Exception as exc:  # never let the header break a session
         device, reason = None, f"{type(exc).__name__}: {exc}"
     return header_lines(
-        opts.impl, opts.seed, opts.max_resident, device, reason, state.selected, opts.arch_sweep
+        opts.impl, opts.seed, opts.max_resident, device, reason, state.selected, opts.arch_sweep, opts.shapes
     )
 
 
@@ -233,14 +281,15 @@ def gn_impl(pytestconfig: pytest.Config) -> Callable[..., Any]:
     """The GroupNorm under test: ``gn_module.group_norm`` unless ``--gn-impl module:callable``.
 
     Protocol: ``impl(x, num_groups, weight, bias, eps, act) -> y``, differentiable in x, weight
-    and bias; ``act`` is None or "silu". The bundled suite runs a foreign implementation in a
-    child process, so an abort becomes a failed case with its stderr."""
-    from pytest_gn.runner import load_impl
+    and bias; ``act`` is None or "silu"; raise NotImplementedError for what it does not support.
+    The bundled suite runs a foreign implementation in a child process, so an abort becomes a
+    failed case with its stderr."""
+    state = _state(pytestconfig)
+    if state.impl is not None:
+        return state.impl
+    import gn_module
 
-    try:
-        return load_impl(_state(pytestconfig).opts.impl)
-    except (ImportError, TypeError) as exc:
-        pytest.fail(str(exc), pytrace=False)
+    return gn_module.group_norm
 
 
 @pytest.fixture
@@ -249,7 +298,9 @@ def gn_case(request: pytest.FixtureRequest) -> Iterator[GnCase]:
     ``shape`` (N, C, H, W; use channels_last), ``num_groups``, ``dtype``, ``act``,
     ``direction``, ``tiles``, ``residency``, ``expected_grid``, ``overflow_tiles``. While the test
     runs, the case's residency cap (and, in the arch sweep, the PTX build of the profile's arch)
-    is in force. Skips when the case does not fit in free device memory."""
+    is in force. Skips when the case does not fit in the device's free memory
+    (``bytes_needed()``), when its geometry has no shape, or when the implementation's
+    description says the shape is not supported."""
     spec = getattr(request, "param", None)
     if not isinstance(spec, CaseSpec):
         pytest.fail("gn_case is provided by @pytest.mark.overflow_grid", pytrace=False)
@@ -258,16 +309,35 @@ def gn_case(request: pytest.FixtureRequest) -> Iterator[GnCase]:
     from pytest_gn import resolve_local
     from pytest_gn.runner import case_context
 
-    case = resolve_local.resolve_for_device(spec, state, device)
+    case = resolve_local.resolve_for_device(spec, state, device, request.config)
     request.node.user_properties.append(("gn_case", case.summary()))
-    from pytest_gn.device import free_memory
+    _ensure_memory(case, case.bytes_needed(state.opts.foreign), device)
+    try:
+        with case_context(case):
+            yield case
+    finally:
+        if spec.big:  # give tens of GiB back at once: other xdist workers share the GPU
+            from pytest_gn.device import release_memory
 
-    free = free_memory(device.index)
-    if case.bytes_needed() > 0.9 * free:
-        pytest.skip(f"{case.id} needs ~{case.bytes_needed() / 2**30:.1f} GiB, "
-                    f"only {free / 2**30:.1f} GiB free on {device.name}")  # fmt: skip
-    with case_context(case):
-        yield case
+            release_memory(device)
+
+
+def _ensure_memory(case: GnCase, need: int, device: Any) -> None:
+    from pytest_gn.device import free_memory, release_memory
+
+    gib = 2**30
+    if need > device.total_memory:
+        pytest.skip(
+            f"{case.id} needs ~{need / gib:.1f} GiB, {device.name} has {device.total_memory / gib:.1f} GiB"
+        )
+    # 10% headroom: allocator rounding and fragmentation, and what torch and the context add.
+    if need > 0.9 * free_memory(device):
+        release_memory(device)
+        free = free_memory(device)
+        if need > 0.9 * free:
+            pytest.skip(f"{case.id} needs ~{need / gib:.1f} GiB, only {free / gib:.1f} GiB free on "
+                        f"{device.name} ({device.total_memory / gib:.1f} GiB in all; other processes "
+                        "or xdist workers hold the rest)")  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -302,19 +372,29 @@ def gn_cap() -> Callable[[int], Any]:
 
 
 @pytest.fixture
-def gn_check(pytestconfig: pytest.Config, gn_device: Any) -> Callable[[GnCase], None]:
+def gn_check(request: pytest.FixtureRequest, gn_device: Any) -> Callable[[GnCase], None]:
     """``gn_check(gn_case)`` runs the case with the implementation under test against the fp64
-    reference (and, for gn_module, checks the launched grid and one-pass == two-pass bitwise);
-    foreign implementations run in a child process. Fails the test with every problem found."""
+    reference: a ``fwd`` case the forward only, a ``bwd`` case forward and backward, checking
+    the gradients (for gn_module also the launched grid and one-pass == two-pass bitwise).
+    Foreign implementations run in a child process. Fails the test with every problem found;
+    skips it with the implementation's message when it raises NotImplementedError."""
     from pytest_gn import runner
 
-    opts = _state(pytestconfig).opts
+    state = _state(request.config)
+    opts = state.opts
 
     def check(case: GnCase) -> None:
         if opts.foreign:
             result = runner.check_case_in_child(case, opts.impl, opts.seed, gn_device.index)
         else:
             result = runner.check_case(case, None, opts.seed)
+        if result.peak_bytes is not None:
+            estimate = case.bytes_needed(opts.foreign)
+            request.node.user_properties.append(
+                ("gn_memory", {"peak": result.peak_bytes, "estimate": estimate})
+            )
+        if result.skipped:
+            pytest.skip(f"not supported by {opts.impl}: {result.skipped}")
         if not result.ok:
             pytest.fail(result.message(case), pytrace=False)
 

@@ -1,17 +1,22 @@
 """fp64 reference GroupNorm (+ SiLU) forward and backward, inputs, and dtype-aware comparison.
 
 Imported lazily (it imports torch); the plugin module itself never imports this at load time.
+The fp64 results come from torch's own GroupNorm (`gn_module.reference`), run on whole
+(sample, group) blocks of the tensor at a time (`check_outputs`), so a case over 2**31
+elements needs a few GiB for its reference rather than eight fp64 copies of itself.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gn_module import reference as _project_reference
+from pytest_gn.cases import INPUT_CHUNK_ELEMENTS, reference_chunk
 
 #: Elementwise tolerances (rtol, atol) per output dtype: the project's own table
 #: (gn_module.reference.TOLERANCES), so the plugin and the project's tests judge alike.
@@ -58,6 +63,46 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
         raise TypeError(f"no gn tolerance for dtype {dtype}") from None
 
 
+class Mismatch:
+    """Elementwise ``|a - e| <= atol + rtol |e|`` over many chunks of one output; `message` says
+    how many elements are off and where the worst one is (NaN counts as off)."""
+
+    def __init__(self, name: str, dtype: torch.dtype, terms: int = 1) -> None:
+        self.name = name
+        self.rtol, atol = tolerance(dtype)
+        self.atol = atol * max(1.0, float(terms) ** 0.5)
+        self.bad = 0
+        self.total = 0
+        self.worst: tuple[float, tuple[int, ...], float, float] | None = None  # excess, index, got, want
+
+    def add(self, actual: torch.Tensor, expected: torch.Tensor, offset: tuple[int, ...] = ()) -> None:
+        a = actual.detach().double()
+        e = expected.detach().double().to(a.device)
+        if a.shape != e.shape:
+            raise ValueError(f"{self.name}: shape {list(a.shape)} != reference {list(e.shape)}")
+        excess = (a - e).abs_().sub_(e.abs().mul_(self.rtol).add_(self.atol))
+        excess.nan_to_num_(nan=float("inf"))  # NaN counts as off
+        self.total += a.numel()
+        nbad = int((excess > 0).sum())
+        if nbad == 0:
+            return
+        self.bad += nbad
+        flat = int(excess.flatten().argmax())
+        value = float(excess.flatten()[flat])
+        if self.worst is None or value > self.worst[0]:
+            idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)]
+            at = tuple(i + (offset[k] if k < len(offset) else 0) for k, i in enumerate(idx))
+            self.worst = (value, at, a.flatten()[flat].item(), e.flatten()[flat].item())
+
+    def message(self) -> str | None:
+        if self.bad == 0 or self.worst is None:
+            return None
+        _, at, got, want = self.worst
+        tol = f"rtol={self.rtol}, atol={self.atol:.3g}"
+        return (f"{self.name}: {self.bad} of {self.total} elements off ({tol}); "
+                f"worst at {list(at)}: {got!r} vs reference {want!r}")  # fmt: skip
+
+
 def compare(
     name: str,
     actual: torch.Tensor,
@@ -70,22 +115,11 @@ def compare(
     `terms` is how many values each element sums (dweight/dbias: N x spatial); atol grows with
     its square root, the way rounding error of a long fp32 sum does.
     """
-    rtol, atol = tolerance(dtype or actual.dtype)
-    atol *= max(1.0, float(terms) ** 0.5)
     if actual.shape != expected.shape:
         return f"{name}: shape {list(actual.shape)} != reference {list(expected.shape)}"
-    a = actual.detach().double()
-    e = expected.detach().double()
-    err = (a - e).abs()
-    bad = ~(err <= atol + rtol * e.abs())  # NaN counts as bad
-    nbad = int(bad.sum())
-    if nbad == 0:
-        return None
-    worst = int(torch.nan_to_num(err, nan=float("inf")).flatten().argmax())
-    return (
-        f"{name}: {nbad} of {a.numel()} elements off (rtol={rtol}, atol={atol}); worst at flat index "
-        f"{worst}: {a.flatten()[worst].item()!r} vs reference {e.flatten()[worst].item()!r}"
-    )
+    m = Mismatch(name, dtype or actual.dtype, terms)
+    m.add(actual, expected)
+    return m.message()
 
 
 def assert_close(
@@ -112,27 +146,91 @@ def case_seed(base: int, case_id: str) -> int:
 
 
 def make_inputs(
-    shape: tuple[int, ...], dtype: torch.dtype, device: Any, seed: int
+    shape: tuple[int, ...], dtype: torch.dtype, device: Any, seed: int, with_dy: bool = True
 ) -> dict[str, torch.Tensor]:
-    """x (channels_last), fp32 weight/bias, dy. x carries a mean that varies along the rows, so a
-    tile left out of a reduction moves the statistics visibly."""
+    """x (channels_last), fp32 weight/bias and (with `with_dy`) dy. x carries a mean that varies
+    along the rows, so a tile left out of a reduction moves the statistics visibly. Drawn in
+    chunks of INPUT_CHUNK_ELEMENTS, so a tensor over 2**31 elements needs no fp32 copy of itself."""
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     n, c = shape[0], shape[1]
-    spatial = shape[2:]
-    nhwc = (n, *spatial, c)
+    spatial = tuple(shape[2:])
     rows = 1
     for s in spatial:
         rows *= s
-    ramp = torch.linspace(-3.0, 3.0, rows, device=device).reshape(1, *spatial, 1)
-    x = torch.randn(nhwc, generator=g, device=device) * 1.5 + ramp
-    dy = torch.randn(nhwc, generator=g, device=device) + 0.25 * ramp
     weight = torch.randn(c, generator=g, device=device) * 0.5 + 1.0
     bias = torch.randn(c, generator=g, device=device) * 0.5
-    perm = (0, len(shape) - 1, *range(1, len(shape) - 1))  # NHWC storage viewed as NCHW
-    return {
-        "x": x.to(dtype).permute(perm),
-        "dy": dy.to(dtype).permute(perm),
-        "weight": weight,
-        "bias": bias,
-    }
+    step = max(1, INPUT_CHUNK_ELEMENTS // c)  # rows of the flat (N * rows, C) view per chunk
+    out = {}
+    for name, scale, ramp_weight in (("x", 1.5, 1.0), ("dy", 1.0, 0.25)):
+        if name == "dy" and not with_dy:
+            continue
+        t = torch.empty((n, *spatial, c), dtype=dtype, device=device)
+        flat = t.view(n * rows, c)
+        for r0 in range(0, n * rows, step):
+            r1 = min(n * rows, r0 + step)
+            within = torch.arange(r0, r1, device=device) % rows  # row inside its sample
+            ramp = (within.double() * (6.0 / max(1, rows - 1)) - 3.0).float().unsqueeze(1)
+            chunk = torch.randn((r1 - r0, c), generator=g, device=device).mul_(scale)
+            flat[r0:r1] = chunk.add_(ramp.mul_(ramp_weight))
+        out[name] = t.permute(0, len(shape) - 1, *range(1, len(shape) - 1))  # NHWC storage as NCHW
+    return {**out, "weight": weight, "bias": bias}
+
+
+def chunks(shape: tuple[int, ...], groups: int) -> Iterator[tuple[slice, slice]]:
+    """(samples, channels) index slices that cover the tensor in whole (sample, group) blocks of
+    about REF_CHUNK_ELEMENTS elements (`cases.reference_chunk`)."""
+    n, c = shape[0], shape[1]
+    samples, per = reference_chunk(shape, groups)
+    d = c // groups
+    for n0 in range(0, n, samples):
+        for g0 in range(0, groups, per):
+            yield slice(n0, min(n, n0 + samples)), slice(g0 * d, min(groups, g0 + per) * d)
+
+
+def check_outputs(
+    got: dict[str, torch.Tensor | None],
+    inp: dict[str, torch.Tensor],
+    num_groups: int,
+    eps: float,
+    act: str | None,
+) -> list[str]:
+    """Compare outputs with the fp64 reference, chunk by chunk; the list of problems.
+
+    `got` holds ``y`` (forward check) or ``dx``, ``dweight``, ``dbias`` (backward check).
+    GroupNorm statistics are per (sample, group), so each chunk's reference is exact on its own;
+    dweight and dbias sum over samples and are compared once every chunk has been added.
+    """
+    x, w, b = inp["x"], inp["weight"], inp["bias"]
+    shape = tuple(x.shape)
+    backward = "y" not in got
+    problems = [f"{k}: the implementation returned no {'gradient' if backward else 'output'}"
+                for k, v in got.items() if v is None]  # fmt: skip
+    for k, v in got.items():
+        if v is not None and tuple(v.shape) != (shape if k in ("y", "dx") else (shape[1],)):
+            problems.append(
+                f"{k}: shape {list(v.shape)} != reference {list(shape if k in ('y', 'dx') else (shape[1],))}"
+            )
+    if problems:
+        return problems
+    terms = x.numel() // shape[1]
+    checks = {k: Mismatch(k, got[k].dtype, terms if k in ("dweight", "dbias") else 1) for k in got}
+    dw = torch.zeros(shape[1], dtype=torch.float64, device=x.device)
+    db = torch.zeros_like(dw)
+    d = shape[1] // num_groups
+    for ns, cs in chunks(shape, num_groups):
+        gs = (cs.stop - cs.start) // d
+        offset = (ns.start, cs.start)
+        if backward:
+            ref = reference(x[ns, cs], gs, w[cs], b[cs], eps, act, inp["dy"][ns, cs])
+            checks["dx"].add(got["dx"][ns, cs], ref.dx, offset)
+            dw[cs] += ref.dweight
+            db[cs] += ref.dbias
+        else:
+            ref = reference(x[ns, cs], gs, w[cs], b[cs], eps, act)
+            checks["y"].add(got["y"][ns, cs], ref.y, offset)
+        del ref
+    if backward:
+        checks["dweight"].add(got["dweight"], dw)
+        checks["dbias"].add(got["dbias"], db)
+    return [m + " (fp64 reference)" for m in (c.message() for c in checks.values()) if m]

@@ -10,14 +10,18 @@ from typing import Any
 from gn_module.schedule import DeviceLimits
 from pytest_gn.device import MAIN_CONFIGS, GnDevice, describe_limits
 
+LOCAL = "this GPU"  # the summary's name for the cases of the GPU at hand (not a profile's)
+
 
 @dataclass
 class Tally:
     """Outcomes of overflow cases, keyed by case id (xdist-safe: filled from test reports)."""
 
-    cases: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> case summary
+    cases: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> case labels / summary
     outcomes: dict[str, str] = field(default_factory=dict)  # id -> passed / failed / skipped
     reasons: dict[str, str] = field(default_factory=dict)  # id -> skip reason
+    selfcheck: dict[str, str] = field(default_factory=dict)  # nodeid -> outcome of the self-check
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)  # id -> {"peak", "estimate"} bytes
 
     def add(self, case: dict[str, Any], outcome: str, reason: str = "") -> None:
         cid = case["id"]
@@ -27,16 +31,29 @@ class Tally:
         if reason:
             self.reasons[cid] = reason
 
+    def add_selfcheck(self, nodeid: str, outcome: str) -> None:
+        if self.selfcheck.get(nodeid) != "failed":
+            self.selfcheck[nodeid] = outcome
+
     def counts(self, select: Callable[[dict[str, Any]], bool] | None = None) -> Counter:
         """Outcome counts of the cases whose summary `select` accepts (all by default)."""
         return Counter(o for i, o in self.outcomes.items() if select is None or select(self.cases[i]))
 
 
+def local_kind(case: dict[str, Any]) -> str:
+    """Which of this GPU's case families a case is: natural, capped or over 2**31 elements."""
+    if case.get("geometry") == "2_31":
+        return "over 2**31 elements"
+    return "capped" if case.get("variant") == "capped" else "natural"
+
+
 def header_lines(
     impl: str, seed: int, cap: int | None, device: GnDevice | None, reason: str | None,
-    profiles: Iterable[DeviceLimits], sweep: bool,
+    profiles: Iterable[DeviceLimits], sweep: bool, shapes: tuple[tuple[int, int], ...] | None = None,
 ) -> list[str]:  # fmt: skip
     lines = [f"gn: impl {impl}, seed {seed}" + (f", one-pass residency capped at {cap}" if cap else "")]
+    if shapes:
+        lines.append("gn: overflow shapes (C:G) " + ",".join(f"{c}:{g}" for c, g in shapes))
     if device is None:
         lines.append(f"gn: no CUDA device ({reason}); GPU cases will be skipped")
     else:
@@ -65,12 +82,55 @@ MATRIX_COLUMNS = ["profile", "arch", "SMs", "regs/smem f,b", "blocks/SM f,b", "r
                   "passed", "failed", "skipped", "arch code exercised"]  # fmt: skip
 
 
+def _outcomes(c: Counter) -> str:
+    return f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
+
+
+def scope_lines(tally: Tally) -> list[str]:
+    """One line per row of cases: this GPU's (by family) and the profiles' (together)."""
+    local = tally.counts(lambda s: not s.get("profile"))
+    lines = []
+    if local:
+        families = Counter(
+            local_kind(tally.cases[i]) for i in tally.outcomes if not tally.cases[i].get("profile")
+        )
+        parts = ", ".join(
+            f"{families[k]} {k}" for k in ("natural", "capped", "over 2**31 elements") if families[k]
+        )
+        lines.append(f"  {LOCAL}: {sum(local.values())} ({parts}): {_outcomes(local)}")
+    prof = tally.counts(lambda s: bool(s.get("profile")))
+    if prof:
+        names = Counter(tally.cases[i]["profile"] for i in tally.outcomes if tally.cases[i].get("profile"))
+        each = sorted(set(names.values()))
+        per = f"{each[0]} each" if len(each) == 1 else "see the matrix"
+        lines.append(f"  profiles: {sum(prof.values())} ({len(names)} profiles, {per}): {_outcomes(prof)}")
+    return lines
+
+
+def memory_lines(tally: Tally) -> list[str]:
+    """Measured peak device memory against the estimate the free-memory check used."""
+    if not tally.memory:
+        return []
+    gib = 2**30
+    biggest = max(tally.memory.items(), key=lambda kv: kv[1]["peak"])
+    cid, m = biggest
+    lines = [f"memory: largest measured peak {m['peak'] / gib:.2f} GiB ({cid}), estimated "
+             f"{m['estimate'] / gib:.2f} GiB; {len(tally.memory)} cases measured"]  # fmt: skip
+    low = [(i, v) for i, v in tally.memory.items() if v["peak"] > v["estimate"]]
+    if low:
+        worst = max(low, key=lambda kv: kv[1]["peak"] / max(1, kv[1]["estimate"]))
+        peak, estimate = worst[1]["peak"] / gib, worst[1]["estimate"] / gib
+        lines.append(f"memory estimate too low for {len(low)} cases, worst {worst[0]}: peak "
+                     f"{peak:.2f} GiB > estimate {estimate:.2f} GiB")  # fmt: skip
+    return lines
+
+
 def overflow_lines(tally: Tally) -> list[str]:
     c = tally.counts()
     if not c:
         return []
-    lines = [f"overflow cases: {sum(c.values())} collected: {c['passed']} passed, {c['failed']} failed, "
-             f"{c['skipped']} skipped"]  # fmt: skip
+    lines = [f"overflow cases: {sum(c.values())} collected: {_outcomes(c)}"]
+    lines += scope_lines(tally)
     ran = [
         tally.cases[i]
         for i, o in tally.outcomes.items()
@@ -83,6 +143,15 @@ def overflow_lines(tally: Tally) -> list[str]:
                      f"({worst['overflow']} overflow tiles, {worst['tiles'] / grid:.2f}x)")  # fmt: skip
         over = sum(1 for s in ran if s["overflow"] > 0)
         lines.append(f"cases that overflowed the grid: {over} of {len(ran)} run")
+        big = [s for s in ran if s.get("geometry") == "2_31"]
+        for s in big:
+            n = 1
+            for d in s["shape"]:
+                n *= d
+            grid = s.get("grid") or s["residency"]
+            lines.append(f"over 2**31 elements: {s['id']}: {n} elements, shape {s['shape']}, "
+                         f"{s['tiles']} tiles on a {grid}-block grid: {tally.outcomes[s['id']]}")  # fmt: skip
+    lines += memory_lines(tally)
     failed = [i for i, o in tally.outcomes.items() if o == "failed"]
     if failed:
         lines.append(
@@ -92,4 +161,7 @@ def overflow_lines(tally: Tally) -> list[str]:
         tally.reasons[i] for i, o in tally.outcomes.items() if o == "skipped" and i in tally.reasons
     )
     lines += [f"skipped {n}: {r}" for r, n in reasons.most_common(5)]
+    if len(reasons) > 5:
+        rest = sum(n for _, n in reasons.most_common()[5:])
+        lines.append(f"skipped {rest} more for {len(reasons) - 5} other reasons")
     return lines

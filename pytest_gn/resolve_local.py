@@ -6,16 +6,43 @@ from typing import Any
 
 import pytest
 
-from pytest_gn.cases import CaseSpec, GnCase, resolve, resolve_foreign
+from pytest_gn.cases import CaseSpec, CaseUnavailable, GnCase, resolve, resolve_foreign
 from pytest_gn.sweep import ptx_variant
 
 
-def resolve_for_device(spec: CaseSpec, state: Any, device: Any) -> GnCase:
+def resolve_for_device(
+    spec: CaseSpec, state: Any, device: Any, config: pytest.Config | None = None
+) -> GnCase:
     """Natural: this GPU's residency (occupancy API); capped: the case's cap; profile: the
-    profile's modelled residency, run through its PTX build when the device can; foreign:
-    the 512-row rule. ``--gn-max-resident`` lowers every residency further."""
+    profile's modelled residency, run through its PTX build when the device can; foreign: the
+    implementation's own description, else the 512-row rule. ``--gn-max-resident`` lowers every
+    residency further. Skips (with the reason) a case whose geometry has no shape, or whose shape
+    the implementation says it does not support."""
+    try:
+        return _resolve(spec, state, device, config)
+    except CaseUnavailable as exc:
+        pytest.skip(str(exc))
+    except NotImplementedError as exc:  # from the implementation's description
+        pytest.skip(f"not supported by {state.opts.impl}: {exc or 'NotImplementedError'}")
+
+
+def _resolve(spec: CaseSpec, state: Any, device: Any, config: pytest.Config | None) -> GnCase:
     opts = state.opts
     if opts.foreign:
+        describe = None
+        if config is not None and state.impl is not None:
+            import torch
+
+            from pytest_gn.describe import DescriptionError, describer
+
+            where = torch.device("cpu") if device.index == "cpu" else torch.device("cuda", device.index)
+            describe = describer(config, state.impl, spec.groups, getattr(torch, spec.torch_dtype),
+                                 spec.direction, where)  # fmt: skip
+            if describe is not None:
+                try:
+                    return resolve_foreign(spec, device.sm_count, device.limits.max_blocks_per_sm, describe)
+                except DescriptionError as exc:
+                    pytest.fail(f"{spec.id}: {exc}", pytrace=False)
         return resolve_foreign(spec, device.sm_count, device.limits.max_blocks_per_sm)
     from gn_module import ops
 

@@ -1,9 +1,13 @@
 """Run one overflow case against the fp64 reference; foreign implementations in a child process.
 
-`check_case` is what the bundled suite calls. For gn_module it also reads back the launch
-(grid and tiles visited must match the schedule model) and checks that the one-pass results are
-bitwise equal to the two-pass ones. A foreign implementation runs in `python -m pytest_gn.child`
-so that an abort (a device assert, a segfault) becomes a failed case carrying its stderr.
+`check_case` is what the bundled suite calls. A ``fwd`` case runs and checks the forward only
+(y), a ``bwd`` case runs forward and backward and checks the gradients (dx, dweight, dbias), so
+a forward that fails and a backward that is right show up as such. For gn_module it also reads
+back the launch (grid and tiles visited must match the schedule model) and checks that the
+one-pass results are bitwise equal to the two-pass ones. A foreign implementation runs in
+`python -m pytest_gn.child` so that an abort (a device assert, a segfault) becomes a failed case
+carrying its stderr and the phase it died in; a NotImplementedError it raises is its documented
+"not supported" signal and skips the case with its message.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from pytest_gn.cases import CaseSpec, GnCase, Ratio
 
 RESULT_TAG = "GN-CHILD-RESULT "
+PHASE_TAG = "GN-CHILD-PHASE "
 EPS = 1e-5
 
 
@@ -30,6 +35,9 @@ class CaseResult:
     record: dict[str, Any] = field(default_factory=dict)
     runtime_arch: int | None = None
     stderr: str = ""
+    skipped: str = ""  # the implementation said "not supported" (NotImplementedError): its message
+    phase: str = ""  # the last phase started: forward, backward, two-pass, reference
+    peak_bytes: int | None = None  # device memory the check allocated at its peak (CUDA only)
 
     def message(self, case: GnCase) -> str:
         lines = [f"{case.id}: shape {list(case.shape)}, {case.tiles} tiles, residency {case.residency}, "
@@ -40,20 +48,31 @@ class CaseResult:
         return "\n".join(lines)
 
 
+class ImplError(Exception):
+    """--gn-impl names nothing usable: the module, the attribute or a callable is missing."""
+
+
 def load_impl(spec: str) -> Callable[..., Any]:
-    """Import ``module:callable`` (the callable may be dotted: ``mod:Class.method``)."""
+    """Import ``module:callable`` (the callable may be dotted: ``mod:Class.method``).
+
+    Raises ImplError carrying the import error (any exception the module raises on import
+    counts: a broken implementation must not pass for a missing one)."""
     module_name, _, attr = spec.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(f"--gn-impl {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:
+        raise ImplError(
+            f"--gn-impl {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
-        except AttributeError:
-            raise ImportError(f"--gn-impl {spec!r}: {module_name!r} has no attribute {attr!r}") from None
+        except AttributeError as exc:
+            raise ImplError(
+                f"--gn-impl {spec!r}: {module_name!r} has no attribute {attr!r} ({exc})"
+            ) from None
     if not callable(obj):
-        raise TypeError(f"--gn-impl {spec!r} is not callable")
+        raise ImplError(f"--gn-impl {spec!r} is not callable (it is a {type(obj).__name__}: {obj!r})")
     return obj
 
 
@@ -73,16 +92,38 @@ def case_context(case: GnCase) -> Iterator[None]:
         yield
 
 
-def _run_impl(fn: Callable[..., Any], case: GnCase, inp: dict, **kwargs: Any) -> tuple:
-    x = inp["x"].detach().clone().requires_grad_()
-    w = inp["weight"].detach().clone().requires_grad_()
-    b = inp["bias"].detach().clone().requires_grad_()
+Phase = Callable[[str], None]
+
+
+def _call(fn: Callable[..., Any], case: GnCase, inp: dict, phase: Phase, copy: bool, **kwargs: Any) -> dict:
+    """Outputs the case checks: {"y"} for fwd (run without autograd), {"dx", "dweight",
+    "dbias"} for bwd. `copy` hands the implementation a copy of x (a foreign one may write it)."""
+    import torch
+
+    x = inp["x"].detach()
+    x = x.clone() if copy else x
+    w = inp["weight"].detach().clone()
+    b = inp["bias"].detach().clone()
+    phase("forward")
+    if case.direction == "fwd":
+        with torch.no_grad():
+            y = fn(x, case.num_groups, w, b, EPS, case.act, **kwargs)
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"the forward returned {type(y).__name__}, not a tensor")
+        return {"y": y.detach()}
+    for t in (x, w, b):
+        t.requires_grad_()
     y = fn(x, case.num_groups, w, b, EPS, case.act, **kwargs)
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"the forward returned {type(y).__name__}, not a tensor")
+    phase("backward")
     y.backward(inp["dy"])
-    return y.detach(), x.grad, w.grad, b.grad
+    return {"dx": x.grad, "dweight": w.grad, "dbias": b.grad}
 
 
-def check_case(case: GnCase, impl: Callable[..., Any] | None, seed: int, device: Any = None) -> CaseResult:
+def check_case(
+    case: GnCase, impl: Callable[..., Any] | None, seed: int, device: Any = None, phase: Phase | None = None
+) -> CaseResult:
     """Run `case` with `impl` (None: gn_module.group_norm) in this process and compare."""
     import torch
 
@@ -90,39 +131,53 @@ def check_case(case: GnCase, impl: Callable[..., Any] | None, seed: int, device:
 
     ours = impl is None
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    dtype = getattr(torch, case.dtype)
-    inp = ref.make_inputs(case.shape, dtype, device, ref.case_seed(seed, case.id))
+    cuda = device.type == "cuda"
     result = CaseResult(ok=True)
+
+    def enter(name: str) -> None:
+        result.phase = name
+        if phase is not None:
+            phase(name)
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    dtype = getattr(torch, case.dtype)
+    inp = ref.make_inputs(case.shape, dtype, device, ref.case_seed(seed, case.id), case.direction == "bwd")
     if ours:
         import gn_module
         from gn_module import ops
 
         with case_context(case), ops.launch_record() as record:
-            got = _run_impl(gn_module.group_norm, case, inp, passes=1)
+            got = _call(gn_module.group_norm, case, inp, enter, False, passes=1)
             if case.variant is not None:
                 result.runtime_arch = ops.runtime_cuda_arch(device)
-        with case_context(case):
-            two = _run_impl(gn_module.group_norm, case, inp, passes=2)
         result.record = {k: {kk: vv for kk, vv in v.items() if kk != "plan"} for k, v in record.items()}
         result.problems += _launch_problems(case, result)
-        for name, a, b in zip(("y", "dx", "dweight", "dbias"), got, two, strict=True):
-            if not torch.equal(a, b):
+        enter("two-pass")
+        with case_context(case):
+            two = _call(gn_module.group_norm, case, inp, lambda _n: None, False, passes=2)
+        for name, a in got.items():
+            b = two[name]
+            if a is not None and b is not None and not torch.equal(a, b):
                 diff = (a.double() - b.double()).abs().max().item()
                 result.problems.append(f"{name}: one-pass differs from two-pass (max |diff| {diff:.3g}); "
                                        "results must be bitwise identical across schedules")  # fmt: skip
+        del two
     else:
-        got = _run_impl(impl, case, inp)
-    expect = ref.reference(inp["x"], case.num_groups, inp["weight"], inp["bias"], EPS, case.act, inp["dy"])
-    terms = case.numel // case.shape[1]
-    checks = (("y", got[0], expect.y, 1), ("dx", got[1], expect.dx, 1),
-              ("dweight", got[2], expect.dweight, terms), ("dbias", got[3], expect.dbias, terms))  # fmt: skip
-    for name, a, e, n in checks:
-        if a is None:
-            result.problems.append(f"{name}: the implementation returned no gradient")
-            continue
-        msg = ref.compare(name, a, e, a.dtype, n)
-        if msg:
-            result.problems.append(msg + " (fp64 reference)")
+        try:
+            got = _call(impl, case, inp, enter, True)
+        except NotImplementedError as exc:  # the documented "shape not supported" signal
+            return CaseResult(ok=True, skipped=str(exc) or "NotImplementedError", phase=result.phase)
+        except Exception as exc:  # report it as data: the forward/backward split says which one
+            msg = f"the {result.phase} raised {type(exc).__name__}: {exc}"
+            if case.direction == "bwd" and result.phase == "forward":
+                msg += " (so the backward could not be checked)"
+            return CaseResult(False, [msg], phase=result.phase)
+    enter("reference")
+    result.problems += ref.check_outputs(got, inp, case.num_groups, EPS, case.act)
+    if cuda:
+        result.peak_bytes = int(torch.cuda.max_memory_allocated(device) - base)
     result.ok = not result.problems
     return result
 
@@ -171,7 +226,8 @@ def case_from_json(data: dict[str, Any]) -> GnCase:
 def check_case_in_child(
     case: GnCase, impl_spec: str, seed: int, device_index: int | str, timeout: float = 900
 ) -> CaseResult:
-    """`check_case` in a fresh interpreter; a crash or timeout is a failed case with stderr."""
+    """`check_case` in a fresh interpreter; a crash or timeout is a failed case with stderr and
+    the phase (forward, backward, reference) the child had reached."""
     payload = json.dumps(
         {"case": case_to_json(case), "impl": impl_spec, "seed": seed, "device": device_index}
     )
@@ -180,12 +236,28 @@ def check_case_in_child(
                               text=True, timeout=timeout, check=False)  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        return CaseResult(False, [f"the implementation did not finish within {timeout:.0f} s"], stderr=err)
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        where = _last_phase(out)
+        msg = f"the implementation did not finish within {timeout:.0f} s" + (
+            f" (in the {where})" if where else ""
+        )
+        return CaseResult(False, [msg], stderr=err, phase=where)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_TAG):
             data = json.loads(line[len(RESULT_TAG) :])
             return CaseResult(**{**data, "stderr": proc.stderr if not data["ok"] else ""})
+    where = _last_phase(proc.stdout)
+    during = f" during the {where}" if where else ""
     why = (
-        f"the child process died (exit code {proc.returncode})" if proc.returncode else "no result from child"
+        f"the child process died (exit code {proc.returncode}){during}"
+        if proc.returncode
+        else f"no result from child{during}"
     )
-    return CaseResult(False, [why + ": the implementation aborted the process"], stderr=proc.stderr)
+    return CaseResult(
+        False, [why + ": the implementation aborted the process"], stderr=proc.stderr, phase=where
+    )
+
+
+def _last_phase(stdout: str) -> str:
+    phases = [line[len(PHASE_TAG) :].strip() for line in stdout.splitlines() if line.startswith(PHASE_TAG)]
+    return phases[-1] if phases else ""

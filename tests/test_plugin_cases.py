@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import textwrap
+from itertools import product
 
 import pytest
 
 from gn_module import profiles, resources, schedule
-from pytest_gn.cases import CaseSpec, Ratio, resolve, resolve_foreign, specs_from_marker
+from pytest_gn.cases import (
+    DEFAULT_RATIOS,
+    DEFAULT_SHAPES,
+    DTYPES,
+    GEOMETRIES,
+    CaseSpec,
+    CaseUnavailable,
+    Ratio,
+    _batches,
+    parse_shapes,
+    resolve,
+    resolve_foreign,
+    specs_from_marker,
+)
 from pytest_gn.device import GnDevice, worker_gpu_index
 from pytest_gn.sweep import ProfileStatic, Sweep, ptx_variant
 
@@ -18,11 +32,12 @@ def _spec(ratio: str = "x2p1", direction: str = "fwd", dtype: str = "fp16", **kw
     return CaseSpec(direction, Ratio.parse(ratio), dtype, "silu", **kw)
 
 
+@pytest.mark.parametrize("geometry", ["even", "partial", "batch"])
 @pytest.mark.parametrize("ratio", ["x1", "x1p1", "x2p1", "x4p3"])
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
-def test_resolved_shape_has_exact_tiles(ratio: str, direction: str, dtype: str) -> None:
-    spec = _spec(ratio, direction, dtype)
+def test_resolved_shape_has_exact_tiles(ratio: str, direction: str, dtype: str, geometry: str) -> None:
+    spec = _spec(ratio, direction, dtype, geometry=geometry)
     case = resolve(spec, 37)
     r = Ratio.parse(ratio)
     assert case.tiles == r.mult * 37 + r.plus
@@ -30,6 +45,11 @@ def test_resolved_shape_has_exact_tiles(ratio: str, direction: str, dtype: str) 
     t = schedule.tiling(c, spec.groups, h * w, spec.itemsize, direction, batch=n)
     assert n * t.tiles_per_slice == case.tiles  # the model's own tiling of the shape
     assert case.expected_grid == 37 and case.overflow_tiles == case.tiles - 37
+    assert case.tile_rows == t.rows_per_tile
+    if geometry == "partial":  # the last tile of each slice is short
+        assert (h * w) % t.rows_per_tile != 0
+    if geometry == "batch":
+        assert n >= 2
 
 
 def test_residency_follows_the_tiling_of_the_generated_shape() -> None:
@@ -48,23 +68,156 @@ def test_residency_follows_the_tiling_of_the_generated_shape() -> None:
 
 
 def test_ids_are_readable_and_unique() -> None:
-    specs = specs_from_marker({"shapes": [(128, 16), (96, 32)]}, profiles=("A100", "Thor"))
+    specs = specs_from_marker({"shapes": [(128, 16), (96, 32)], "rotate": False}, profiles=("A100", "Thor"))
     ids = [s.id for s in specs]
     assert len(ids) == len(set(ids))
     assert "fwd-onepass-x1p1-fp16-silu" in ids
-    assert "bwd-onepass-cap3-x4p3-bf16-noact" in ids
-    assert "Thor-fwd-onepass-x2p1-fp32-silu-c96g32" in ids
-    # 2 shapes x 2 directions x 4 ratios x 3 dtypes x 2 acts x (capped + natural + 2 profiles)
-    assert len(ids) == 2 * 2 * 4 * 3 * 2 * 4
+    assert "bwd-onepass-cap3-x4p3-bf16-noact-partial" in ids
+    assert "Thor-fwd-onepass-x2p1-fp32-silu-c96g32-batch" in ids
+    # 2 shapes x 3 geometries x 2 directions x 4 ratios x 3 dtypes x 2 acts x (capped + natural + 2 profiles)
+    assert len(ids) == 2 * 3 * 2 * 4 * 3 * 2 * 4
     assert specs_from_marker({}) == specs_from_marker({})  # deterministic: identical on every worker
+
+
+def _scopes(specs):
+    out = {}
+    for s in specs:
+        out.setdefault((s.profile, s.variant), []).append(s)
+    return out
+
+
+def test_rotation_keeps_every_scope_at_48_cases_and_spreads_the_kinds() -> None:
+    names = tuple(p.name for p in profiles.BUILTIN_PROFILES)
+    specs = specs_from_marker({}, profiles=names)
+    scopes = _scopes(specs)
+    assert len(scopes) == 2 + len(names) and all(len(v) == 48 for v in scopes.values())
+    kinds = {(c, g, geo) for (c, g) in DEFAULT_SHAPES for geo in GEOMETRIES}
+    assert len(kinds) == 15
+    for scope in scopes.values():  # every scope meets every kind, with both directions
+        seen = {}
+        for s in scope:
+            seen.setdefault((s.channels, s.groups, s.geometry), set()).add(s.direction)
+        assert set(seen) == kinds
+        assert all(d == {"fwd", "bwd"} for d in seen.values())
+    for kind in kinds:  # over all scopes each kind meets every dtype, act and ratio
+        mine = [s for s in specs if (s.channels, s.groups, s.geometry) == kind]
+        assert {s.dtype for s in mine} == {"fp16", "bf16", "fp32"}
+        assert {s.act for s in mine} == {"silu", None}
+        assert {s.ratio.label for s in mine} == {"x1", "x1p1", "x2p1", "x4p3"}
+
+
+def test_a_profile_gets_the_same_cases_whatever_else_is_selected() -> None:
+    numbers = {p.name: i for i, p in enumerate(profiles.BUILTIN_PROFILES)}
+    alone = specs_from_marker({}, profiles=("Thor",), profile_numbers=numbers)
+    every = specs_from_marker({}, profiles=tuple(numbers), profile_numbers=numbers)
+    assert [s for s in alone if s.profile] == [s for s in every if s.profile == "Thor"]
+
+
+def test_default_shapes_can_be_replaced_and_marker_shapes_win() -> None:
+    mine = specs_from_marker({}, default_shapes=((256, 32),))
+    assert {(s.channels, s.groups) for s in mine} == {(256, 32)}
+    named = specs_from_marker({"shapes": [(64, 8)]}, default_shapes=((256, 32),))
+    assert {(s.channels, s.groups) for s in named} == {(64, 8)}
+
+
+def test_over_2_31_cases_are_natural_one_pass_and_this_gpus_only() -> None:
+    specs = specs_from_marker({"over_2_31": True}, profiles=("A100",))
+    big = [s for s in specs if s.big]
+    assert [s.id for s in big] == ["fwd-onepass-2_31-bf16-silu", "bwd-onepass-2_31-bf16-silu"]
+    assert all(s.variant == "natural" and s.profile is None for s in big)
+    for s in big:
+        case = resolve(s, 264)
+        assert case.numel > 2**31 and case.shape[0] == 1
+        _, c, h, w = case.shape
+        t = schedule.tiling(c, s.groups, h * w, s.itemsize, s.direction)
+        assert case.tiles == t.tiles_per_slice > case.expected_grid == 264
+        assert case.bytes_needed() < 32 * 2**30  # fits an 80 GiB GPU, with room for xdist neighbours
+    assert not [s for s in specs_from_marker({}) if s.big]
+
+
+@pytest.mark.parametrize("residency", [2, 3, 7, 40, 216, 264, 1000])
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_every_default_kind_has_a_shape(residency: int, geometry: str) -> None:
+    for (c, g), direction, ratio, dtype in product(DEFAULT_SHAPES, ("fwd", "bwd"), DEFAULT_RATIOS, DTYPES):
+        spec = CaseSpec(direction, Ratio.parse(ratio), dtype, "silu", c, g, geometry=geometry)
+        case = resolve(spec, residency)
+        n, _, h, w = case.shape
+        t = schedule.tiling(c, g, h * w, spec.itemsize, direction, batch=n)
+        assert n * t.tiles_per_slice == case.tiles == Ratio.parse(ratio).tiles(residency), spec.id
+
+
+def test_batch_overflow_starts_inside_a_sample_when_the_tiles_allow() -> None:
+    for tiles, grid in ((265, 264), (529, 264), (15, 3), (4, 3)):
+        n = _batches(tiles, grid)[0]
+        per = tiles // n
+        assert grid % per != 0, (tiles, grid, n)
+    assert _batches(7, 3) == [7]  # a prime tile count: one tile per sample
+
+
+def test_one_tile_cannot_make_a_partial_or_batch_shape() -> None:
+    for geometry in ("partial", "batch"):
+        with pytest.raises(CaseUnavailable, match=f"no {geometry} shape"):
+            resolve(_spec("x1", geometry=geometry), 1)
+
+
+def test_parse_shapes() -> None:
+    assert parse_shapes("128:16, 100:20") == ((128, 16), (100, 20))
+    for bad, match in (
+        ("128x16", "C:G pairs"),
+        ("30:7", "divisible"),
+        ("", "at least one"),
+        ("8:2,8:2", "repeats"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            parse_shapes(bad)
 
 
 def test_foreign_cases_are_natural_only_and_overflow_512_row_tiles() -> None:
     specs = specs_from_marker({"dtypes": ("fp16",), "acts": ("silu",)}, profiles=("A100",), foreign=True)
     assert {s.variant for s in specs} == {"natural"} and all(s.profile is None for s in specs)
+    assert len(specs) == 8  # 2 directions x 4 ratios: one kind each
     case = resolve_foreign(_spec("x1p1"), sm_count=132, max_blocks_per_sm=32)
     rows = case.shape[2] * case.shape[3]
     assert rows // 512 > 132 * 32  # even a 512-row tile with 32 blocks on every SM overflows
+    partial = resolve_foreign(_spec("x2p1", geometry="partial"), sm_count=4, max_blocks_per_sm=2)
+    rows = partial.shape[2] * partial.shape[3]
+    assert all(rows % r for r in (2, 4, 8, 16, 32, 64, 128, 256, 512))  # partial for any such tile
+
+
+def test_described_foreign_cases_use_its_tiles_and_residency() -> None:
+    calls = []
+
+    def describe(shape):
+        calls.append(shape)
+        return 32, 10
+
+    case = resolve_foreign(_spec("x2p1"), 132, 32, describe)
+    assert (case.tiles, case.residency, case.tile_rows) == (21, 10, 32)
+    assert case.shape[0] * case.shape[2] * case.shape[3] == 21 * 32
+    assert "description" in case.notes[0] and len(calls) == 2  # asked again for the new shape
+    batch = resolve_foreign(_spec("x2p1", geometry="batch"), 132, 32, describe)
+    assert batch.shape[0] in (3, 7) and batch.tiles == 21
+
+
+def test_a_description_that_depends_on_the_shape_settles() -> None:
+    def describe(shape):  # small tensors get short tiles and more resident blocks, like ours
+        rows = shape[0] * shape[2] * shape[3]
+        return (16, 40) if rows < 4096 else (64, 20)
+
+    case = resolve_foreign(_spec("x1p1"), 132, 32, describe)
+    assert describe(case.shape) == (case.tile_rows, case.residency)
+    assert case.tiles == case.residency + 1
+
+
+def test_description_none_falls_back_and_not_implemented_propagates() -> None:
+    case = resolve_foreign(_spec("x1p1"), 4, 2, lambda shape: None)
+    assert case.tile_rows == 512 and "512 rows" in case.notes[0]
+
+    def refuse(shape):
+        raise NotImplementedError("C=128 only in fp32")
+
+    with pytest.raises(NotImplementedError, match="fp32"):
+        resolve_foreign(_spec("x1p1"), 4, 2, refuse)
 
 
 def test_device_limited_grid_is_noted() -> None:

@@ -15,7 +15,8 @@ pytest.importorskip("torch")
 OVERFLOW_TEST = """
 import pytest
 
-@pytest.mark.overflow_grid(dtypes=("fp16",), acts=("silu",), ratios=("x1p1", "x2p1"))
+@pytest.mark.overflow_grid(dtypes=("fp16",), acts=("silu",), ratios=("x1p1", "x2p1"), shapes=[(128, 16)],
+                           geometries=("even",))
 def test_case(gn_case):
     assert gn_case.tiles > gn_case.residency
 
@@ -36,8 +37,17 @@ def test_help_lists_option_group(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(["*GroupNorm validation (pytest-gn)*", "*--gn-arch-sweep*",
                                  "*--gn-profiles=NAME,...*", "*--gn-max-resident=K*",
-                                 "*--gn-impl=MODULE:CALLABLE*", "*--gn-seed=N*"])  # fmt: skip
-    for ini in ("gn_arch_sweep", "gn_profiles", "gn_max_resident", "gn_impl", "gn_seed", "gn_profiles_file"):
+                                 "*--gn-impl=MODULE:CALLABLE*", "*--gn-shapes=C:G,...*",
+                                 "*--gn-seed=N*"])  # fmt: skip
+    for ini in (
+        "gn_arch_sweep",
+        "gn_profiles",
+        "gn_max_resident",
+        "gn_impl",
+        "gn_shapes",
+        "gn_seed",
+        "gn_profiles_file",
+    ):
         result.stdout.fnmatch_lines([f"*{ini} *"])
 
 
@@ -65,14 +75,17 @@ def test_ids_and_skip_reasons_without_gpu(pytester: pytest.Pytester) -> None:
 
 
 def test_header_and_ini_keys(pytester: pytest.Pytester) -> None:
-    pytester.makeini("[pytest]\ngn_seed = 7\ngn_max_resident = 5\ngn_impl = mypkg.norm:gn\n")
+    pytester.makepyfile(mynorm="def gn(x, num_groups, weight, bias, eps, act):\n    return x\n")
+    pytester.syspathinsert()
+    pytester.makeini("[pytest]\ngn_seed = 7\ngn_max_resident = 5\ngn_impl = mynorm:gn\ngn_shapes = 64:8\n")
     result = pytester.runpytest("--co")
     result.stdout.fnmatch_lines([
-        "gn: impl mypkg.norm:gn, seed 7, one-pass residency capped at 5",
+        "gn: impl mynorm:gn, seed 7, one-pass residency capped at 5",
+        "gn: overflow shapes (C:G) 64:8",
         "gn: no CUDA device (*); GPU cases will be skipped",
     ])  # fmt: skip
     result = pytester.runpytest("--co", "--gn-seed", "3")  # the command line beats the ini key
-    result.stdout.fnmatch_lines(["gn: impl mypkg.norm:gn, seed 3, *"])
+    result.stdout.fnmatch_lines(["gn: impl mynorm:gn, seed 3, *"])
 
 
 @pytest.mark.parametrize(
@@ -80,10 +93,25 @@ def test_header_and_ini_keys(pytester: pytest.Pytester) -> None:
     [(["--gn-max-resident", "0"], "--gn-max-resident must be >= 1, got 0"),
      (["--gn-seed", "abc"], "--gn-seed expects an integer, got 'abc'"),
      (["--gn-impl", "no_colon"], "--gn-impl expects module:callable*"),
+     (["--gn-shapes", "128x16"], "--gn-shapes expects C:G pairs like 128:16,100:20, got '128x16'"),
+     (["--gn-shapes", "30:7"], "--gn-shapes shape (channels=30, groups=7): channels must be divisible*"),
      (["--gn-profiles", "V100"], "--gn-profiles: unknown GPU profile 'V100'; known profiles: A100, *")],
 )  # fmt: skip
 def test_bad_option_values(pytester: pytest.Pytester, args: list[str], message: str) -> None:
     result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}"])
+
+
+@pytest.mark.parametrize(
+    ("ini", "message"),
+    [("gn_max_resident = 0", "gn_max_resident (ini) must be >= 1, got 0"),
+     ("gn_shapes = 1:2:3", "gn_shapes (ini) expects C:G pairs*"),
+     ("gn_impl = nope", "gn_impl (ini) expects module:callable*")],
+)  # fmt: skip
+def test_bad_ini_values_name_the_ini_key(pytester: pytest.Pytester, ini: str, message: str) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest("--co")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}"])
 
@@ -151,13 +179,20 @@ def test_sweep_without_nvcc_says_what_it_skipped(pytester: pytest.Pytester, monk
     )
     result.stdout.fnmatch_lines([
         "*gn summary*",
+        "overflow cases: 194 collected: 0 passed, 0 failed, 194 skipped",
+        "  this GPU: 98 (48 natural, 48 capped, 2 over 2**31 elements): 0 passed, 0 failed, 98 skipped",
+        "  profiles: 96 (2 profiles, 48 each): 0 passed, 0 failed, 96 skipped",
         "arch sweep (*",
         "profile*arch*SMs*regs/smem f,b*residency f,b*cases*arch code exercised",
-        "A100*sm_80*108*48*no (no GPU)",
-        "Thor*sm_110*20*48*no (no GPU)",
-        "nvcc not found, so compiling for each profile's arch*were skipped",
-        "GPU part skipped (*): the 96 profile cases and the self-check did not run*",
+        "A100*sm_80*108*48*0*0*48*no (no GPU)",
+        "Thor*sm_110*20*48*0*0*48*no (no GPU)",
+        "this GPU*98*0*0*98*no (no GPU)",
+        "cases column total: 194 = the overflow cases collected",
+        "static part skipped: nvcc not found, so compiling for each profile's arch*",
+        "GPU part skipped (*): none of the 194 overflow cases ran (96 profile cases, 98 cases of this GPU), "
+        "and the 12 self-check tests were skipped",
     ])  # fmt: skip
+    assert "static part done" not in result.stdout.str()  # the old summary claimed it after skipping it
     assert result.ret == 0, result.stdout.str()  # everything skips: nothing failed
 
 

@@ -64,8 +64,10 @@ def test_parse_cc() -> None:
 
 def test_profiles_file_toml_and_json(tmp_path) -> None:
     toml = tmp_path / "gpus.toml"
-    toml.write_text('[profiles.MiniAmpere]\ncc = "8.6"\nsm_count = 10\n\n[profiles.Odd]\ncc = "7.5"\n'
-                    "sm_count = 40\nmax_threads_per_sm = 1024\nmax_blocks_per_sm = 16\nsmem_per_sm = 65536\n")
+    toml.write_text(
+        '[profiles.MiniAmpere]\ncc = "8.6"\nsm_count = 10\n\n[profiles.Odd]\ncc = "7.5"\n'
+        "sm_count = 40\nmax_threads_per_sm = 1024\nmax_blocks_per_sm = 16\nsmem_per_sm = 65536\n"
+    )
     mini, odd = profiles.load_profiles_file(toml)
     assert (mini.name, mini.cc, mini.sm_count, mini.max_blocks_per_sm) == ("MiniAmpere", (8, 6), 10, 16)
     assert (odd.cc, odd.max_smem_per_block) == ((7, 5), 65536 - 1024)
@@ -141,7 +143,12 @@ ptxas info    : Used 255 registers, used 0 barriers, 24 bytes lmem
 def test_parse_ptxas() -> None:
     fwd, bwd = resources.parse_ptxas(PTXAS, source="x.cu")
     assert (fwd.name, fwd.arch, fwd.registers, fwd.static_smem, fwd.barriers) == (
-        "fwd_onepass[fp16,vec8]", "sm_80", 100, 2048, 1)
+        "fwd_onepass[fp16,vec8]",
+        "sm_80",
+        100,
+        2048,
+        1,
+    )
     assert not fwd.spills and fwd.resources == KernelResources(100, 2048)
     assert (bwd.spill_stores, bwd.spill_loads, bwd.local_bytes, bwd.stack_bytes) == (20, 16, 24, 24)
     assert bwd.spills and "20/16 B spill" in bwd.describe()
