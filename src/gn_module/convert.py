@@ -49,6 +49,8 @@ _HOOK_ATTRS = tuple(name for name in vars(nn.Module()) if "hook" in name)
 # The converted layer keeps the module it replaced here (a plain attribute, not a submodule, so it
 # is invisible to state_dict, parameters() and .to()) so that revert gives back the same object.
 _ORIGINAL = "_gn_original"
+# Set on layers converted with ``in_place=True`` (class changed, object kept); revert changes it back.
+_IN_PLACE = "_gn_in_place"
 
 Patterns = str | Iterable[str] | None
 
@@ -95,17 +97,21 @@ def convert_groupnorm(
     include: Patterns = None,
     exclude: Patterns = None,
     min_channels: int = 0,
+    in_place: bool = False,
 ) -> tuple[nn.Module, ConversionReport]:
     """Replace GroupNorm layers in ``module`` by `gn_module.GroupNorm`, in place where possible.
 
     Returns the module (a new object only when ``module`` itself is a GroupNorm) and a report.
     ``include``/``exclude`` are fnmatch patterns on qualified names (as in ``named_modules()``);
     layers with fewer than ``min_channels`` channels are left alone. Converting twice changes nothing.
+    ``in_place=True`` changes the class of plain ``nn.GroupNorm`` layers instead of replacing them, so
+    the module objects stay (FSDP remembers which module object owns each parameter); other GroupNorm
+    classes are then skipped.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"convert_groupnorm(): expected an nn.Module, got {type(module).__name__}")
     include, exclude = check_options(include, exclude, min_channels)
-    walker = _Converter(module, fuse_silu, include, exclude, min_channels)
+    walker = _Converter(module, fuse_silu, include, exclude, min_channels, in_place)
     return walker.visit(module, ""), walker.report
 
 
@@ -130,7 +136,13 @@ def _qualname(obj: object) -> str:
 
 
 def _has_hooks(module: nn.Module) -> bool:
-    return any(getattr(module, attr, None) for attr in _HOOK_ATTRS if attr != "_is_full_backward_hook")
+    """Forward/backward hooks, which would see the fused tensors; state_dict hooks (FSDP2 puts a load
+    hook on every module owning a parameter) see no activations and do not count."""
+    return any(
+        getattr(module, attr, None)
+        for attr in _HOOK_ATTRS
+        if attr != "_is_full_backward_hook" and "state_dict" not in attr
+    )
 
 
 def groupnorm_act(module: nn.GroupNorm) -> tuple[str | None, str | None]:
@@ -271,9 +283,10 @@ class _Converter(_Walker):
         include: tuple[str, ...] | None,
         exclude: tuple[str, ...] | None,
         min_channels: int,
+        in_place: bool = False,
     ) -> None:
         super().__init__(root)
-        self.fuse_silu, self.min_channels = fuse_silu, min_channels
+        self.fuse_silu, self.min_channels, self.in_place = fuse_silu, min_channels, in_place
         self.include, self.exclude = include, exclude
 
     def reason_to_skip(self, module: nn.GroupNorm, name: str) -> str | None:
@@ -296,8 +309,16 @@ class _Converter(_Walker):
         reason = reason or self.reason_to_skip(module, name)
         if reason is None and act == "silu" and not self.fuse_silu:
             reason = "its activation is SiLU and fuse_silu=False"
+        if reason is None and self.in_place and type(module) is not nn.GroupNorm:
+            reason = f"in_place=True converts only plain nn.GroupNorm, not {_qualname(module)}"
         if reason is not None:
             self.report.skipped[name] = reason
+            return module
+        if self.in_place:
+            module.__class__ = GroupNorm  # same attributes plus `act`; nothing else to build
+            module.act = act
+            object.__setattr__(module, _IN_PLACE, True)
+            self.report.swapped.append(name)
             return module
         new = _make_groupnorm(module, GroupNorm, act=act)
         object.__setattr__(new, _ORIGINAL, module)
@@ -355,6 +376,15 @@ class _Reverter(_Walker):
         _, reason = groupnorm_act(module)
         if reason is not None:
             self.report.skipped[name] = reason
+            return module
+        if getattr(module, _IN_PLACE, False):
+            if module.act is not None:
+                self.report.skipped[name] = "fused SiLU has no SiLUSlot after it to move back into"
+                return module
+            module.__class__ = nn.GroupNorm
+            del module.act
+            object.__delattr__(module, _IN_PLACE)
+            self.report.swapped.append(name)
             return module
         original = getattr(module, _ORIGINAL, None)
         if original is not None:
