@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: install without the network, build, run the GPU tests and the
-# quick benchmarks, and write logs to the folder given as the first argument.
+# One command for a GPU machine: install without the network, build, run the GPU tests, then time the
+# benchmarks against the newest committed run and gate on OUR medians. Logs go to LOGDIR.
 #   bash scripts/gpu_check.sh LOGDIR [extra pytest args for the GPU tests]
+# Environment:
+#   GN_SKIP_TESTS=1 / GN_SKIP_BENCH=1   leave out the GPU tests / the benchmarks
+#   GN_BENCH_SELECT="-m quick"          which benchmarks (default the quick subset; "" = all 240)
+#   GN_BENCH_STORAGE=.benchmarks        saved runs (any path, relative or absolute)
+#   GN_BENCH_SAVE=1                     also save this run: LOGDIR/storage gets the committed runs plus
+#                                       this one (copy the new file into .benchmarks/ and commit it)
+#   GN_GATE_THRESHOLD=10                percent slower (median) that fails the gate, ours only
+#   GN_BENCH_COMMIT=<sha>               the commit, where the tree was copied without (current) git
 set -uo pipefail
 out=${1:?usage: gpu_check.sh LOGDIR [pytest args]}
 shift
@@ -25,13 +33,35 @@ build.load(None, torch.cuda.get_device_capability())
 print(f"native build ready in {time.perf_counter() - t:.1f} s")
 PY
 
-step "GPU tests"
-python3 -m pytest tests/gpu -q -p no:cacheprovider "$@" 2>&1 | tee "$out/gpu_tests.log" | tail -n 25 | tee -a "$out/summary.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ -z "${GN_SKIP_TESTS:-}" ]; then
+  step "GPU tests"
+  python3 -m pytest tests/gpu -q -p no:cacheprovider "$@" 2>&1 | tee "$out/gpu_tests.log" | tail -n 25 | tee -a "$out/summary.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 if [ -d benchmarks ] && [ -z "${GN_SKIP_BENCH:-}" ]; then
-  step "quick benchmarks"
-  python3 -m gn_module.bench --quick 2>&1 | tee "$out/bench_quick.log" | tail -n 40 | tee -a "$out/summary.txt"
+  storage=$(realpath "${GN_BENCH_STORAGE:-.benchmarks}")
+  baseline=$(python3 -m gn_module.bench history --storage "$storage" --newest) || { status=1; baseline=""; }
+  read -r -a select <<<"${GN_BENCH_SELECT--m quick}"
+  step "benchmarks ${select[*]:-(all)} against $baseline"
+  if [ -n "$baseline" ]; then
+    # pytest-benchmark compares (and saves) in one storage: use a copy, so the committed folder is
+    # only read, and outside the working directory (the case pytest-benchmark's formatting trips on).
+    rm -rf "$out/storage" && cp -r "$storage" "$out/storage"
+    save=(); [ -n "${GN_BENCH_SAVE:-}" ] && save=(--benchmark-autosave)
+    GN_BENCH_REPS=${GN_BENCH_REPS:-30} GN_BENCH_MAX_SECONDS=${GN_BENCH_MAX_SECONDS:-0.15} \
+      python3 -m pytest benchmarks "${select[@]}" -q -p no:cacheprovider \
+      --benchmark-storage="file://$out/storage" --benchmark-compare="$(basename "$baseline" | cut -d_ -f1)" \
+      --benchmark-json="$out/bench.json" --benchmark-columns=median,iqr,rounds --benchmark-sort=name \
+      "${save[@]}" >"$out/bench.log" 2>&1
+    bench_rc=$?
+    grep -E "machine_info|passed|failed|error" "$out/bench.log" | tail -n 5 | tee -a "$out/summary.txt"
+    [ "$bench_rc" -eq 0 ] || status=1
+    step "regression gate (ours only, ${GN_GATE_THRESHOLD:-10} %)"
+    python3 -m gn_module.bench gate --baseline "$baseline" --run "$out/bench.json" \
+      --threshold "${GN_GATE_THRESHOLD:-10}" 2>&1 | tee "$out/gate.txt" | tee -a "$out/summary.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
 fi
 step "exit status $status"
 exit $status

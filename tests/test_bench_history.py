@@ -1,0 +1,299 @@
+"""Benchmark history on CPU: stable machine_info across fresh machines, storage anywhere, the ours-only
+regression gate, the history table and plot, and --gn-impl timing plumbing in benchmarks/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gn_module.bench import device as bench_device
+from gn_module.bench import history
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE_DIR = ROOT / ".benchmarks"
+
+FAKE_GPU = {
+    "cuda": True,
+    "name": "NVIDIA H200",
+    "compute_capability": "9.0",
+    "sm_count": 132,
+    "total_memory_gib": 139.8,
+    "driver_version": "580.159.04",
+    "cuda_runtime": "13.0",
+    "torch": "2.11.0+cu130",
+    "sm_clock_mhz": "1980",
+    "power_limit_w": "700.00",
+}
+
+
+# ---------------------------------------------------------------- machine identity
+def test_machine_info_keeps_identity_and_drops_host_and_measured_fields() -> None:
+    info = {
+        "node": "host-1234",
+        "processor": "x86_64",
+        "machine": "x86_64",
+        "python_version": "3.12.3",
+        "python_implementation": "CPython",
+        "python_build": ["main", "Nov 6 2025"],
+        "release": "6.18.44-fc-v236-gpu",
+        "system": "Linux",
+        "cpu": {"brand_raw": "AMD EPYC", "hz_actual_friendly": "2.4 GHz"},
+    }
+    bench_device.stable_machine_info(info, FAKE_GPU)
+    assert set(info) == {"machine", "python_version", "python_implementation", "system", "gpu"}
+    assert info["gpu"]["name"] == "NVIDIA H200" and info["gpu"]["sm_count"] == 132
+    assert "sm_clock_mhz" not in info["gpu"] and "power_limit_w" not in info["gpu"]
+    assert bench_device.run_conditions(FAKE_GPU) == {"sm_clock_mhz": "1980", "power_limit_w": "700.00"}
+
+
+def test_machine_differences_names_nested_keys() -> None:
+    a = {"system": "Linux", "gpu": {"name": "NVIDIA H200", "sm_count": 132}}
+    b = {"system": "Linux", "gpu": {"name": "NVIDIA H100", "sm_count": 132}}
+    assert history.machine_differences(a, b) == ["gpu.name: 'NVIDIA H200' -> 'NVIDIA H100'"]
+    assert history.machine_differences(a, a) == []
+
+
+BENCH_TEST = """
+def test_tiny(benchmark):
+    benchmark.extra_info.update(impl="ours-auto", case="tiny", dtype="fp16", direction="fwd")
+    benchmark(lambda: sum(range(100)))
+"""
+
+
+#: Appended to the project's copy of benchmarks/conftest.py: the machine comes from the environment.
+FAKE_MACHINE = """
+import json as _json, os as _os, platform as _platform
+import pytest_benchmark.plugin as _pb
+from gn_module.bench import device as _dev
+
+_platform.node = lambda: _os.environ["FAKE_HOST"]
+_pb.get_cpu_info = lambda: {"brand_raw": "EPYC", "hz_actual": [len(_os.environ["FAKE_HOST"]), 0]}
+_dev.device_info = lambda device=None: _json.loads(_os.environ["FAKE_GPU"])
+"""
+
+
+@pytest.fixture
+def bench_project(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A project with benchmarks/conftest.py's hooks and one cheap CPU benchmark."""
+    conftest = (ROOT / "benchmarks" / "conftest.py").read_text()
+    (pytester.path / "conftest.py").write_text(conftest + FAKE_MACHINE)
+    pytester.makepyfile(test_tiny=BENCH_TEST)
+    return pytester
+
+
+def run_on_machine(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, host: str, gpu: dict[str, Any], *args: str
+) -> pytest.RunResult:
+    """Run the project in a subprocess as if on a fresh machine: host name, CPU clock and GPU facts."""
+    monkeypatch.setenv("FAKE_HOST", host)
+    monkeypatch.setenv("FAKE_GPU", json.dumps(gpu))
+    return project.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", *args)
+
+
+@pytest.mark.parametrize("where", ["absolute outside the working directory", "relative"])
+def test_two_fresh_machines_of_one_kind_compare_without_machine_warning(
+    bench_project: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+    where: str,
+) -> None:
+    storage = "file://store" if where == "relative" else f"file://{tmp_path_factory.mktemp('elsewhere')}"
+    first = run_on_machine(
+        bench_project,
+        monkeypatch,
+        "host-a",
+        FAKE_GPU,
+        "--benchmark-autosave",
+        f"--benchmark-storage={storage}",
+    )
+    first.assert_outcomes(passed=1)
+    second = run_on_machine(
+        bench_project,
+        monkeypatch,
+        "host-bb",
+        {**FAKE_GPU, "sm_clock_mhz": "345"},  # clocks are run conditions, not identity
+        f"--benchmark-storage={storage}",
+        "--benchmark-compare",
+        "--benchmark-compare-fail=median:100000%",
+    )
+    out = second.stdout.str() + second.stderr.str()
+    assert second.ret == 0, out
+    assert "Comparing against benchmarks from" in out
+    assert "machine_info is different" not in out
+    assert "INTERNALERROR" not in out
+
+
+@pytest.mark.parametrize("where", ["absolute outside the working directory", "relative"])
+def test_another_gpu_warns_and_does_not_crash(
+    bench_project: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+    where: str,
+) -> None:
+    storage = "file://store" if where == "relative" else f"file://{tmp_path_factory.mktemp('elsewhere')}"
+    run_on_machine(
+        bench_project, monkeypatch, "a", FAKE_GPU, "--benchmark-autosave", f"--benchmark-storage={storage}"
+    )
+    other = run_on_machine(
+        bench_project,
+        monkeypatch,
+        "a",
+        {**FAKE_GPU, "name": "NVIDIA H100 80GB HBM3"},
+        f"--benchmark-storage={storage}",
+        "--benchmark-compare",
+    )
+    out = other.stdout.str() + other.stderr.str()
+    assert other.ret == 0, out
+    assert "machine_info is different" in out and "H100" in out
+    assert "INTERNALERROR" not in out
+
+
+def test_the_committed_baseline_holds_no_measured_machine_info() -> None:
+    runs = history.load_runs(BASELINE_DIR)
+    assert runs, "the committed H200 baseline is missing from .benchmarks/"
+    for run in runs:
+        gpu = run.machine_info.get("gpu", {})
+        assert set(run.machine_info) <= {*bench_device.PLATFORM_KEYS, "gpu"}, run.path
+        assert set(gpu) <= set(bench_device.IDENTITY_KEYS), run.path
+        assert gpu.get("name") and run.commit not in ("unknown", "unversioned")
+
+
+# ---------------------------------------------------------------- gate and history
+def saved_json(medians_us: dict[tuple[str, str, str, str], float], commit: str, when: str) -> dict[str, Any]:
+    benchmarks = []
+    for (case, dtype, direction, impl), us in medians_us.items():
+        benchmarks.append(
+            {
+                "fullname": f"{BENCH_FILE}::test_groupnorm[{case}-{dtype}-{direction}-{impl}]",
+                "stats": {"median": us * 1e-6},
+                "extra_info": {
+                    "case": case,
+                    "dtype": dtype,
+                    "direction": direction,
+                    "impl": impl,
+                    "sol_fraction": 100.0 / us,
+                },
+            }
+        )
+    return {
+        "machine_info": {"system": "Linux", "gpu": {"name": "NVIDIA H200"}},
+        "commit_info": {"id": commit, "dirty": False},
+        "datetime": when,
+        "benchmarks": benchmarks,
+    }
+
+
+BENCH_FILE = "benchmarks/test_bench_groupnorm.py"
+BASE = {
+    ("1x8x4x4-G2", "fp16", "fwd", "ours-auto"): 200.0,
+    ("1x8x4x4-G2", "fp16", "fwd", "ours-2pass"): 210.0,
+    ("1x8x4x4-G2", "fp16", "fwd", "eager"): 400.0,
+    ("1x8x4x4-G2", "fp16", "fwd", "compile-cl"): 300.0,
+    ("1x8x4x4-G2", "fp16", "fwd", "compile-nchw"): 250.0,
+    ("1x8x4x4-G2", "fp16", "bwd", "ours-auto"): 500.0,
+}
+
+
+def write_runs(folder: Path, *runs: dict[str, Any]) -> list[Path]:
+    sub = folder / "Linux-CPython-3.12-64bit"
+    sub.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, run in enumerate(runs, 1):
+        path = sub / f"{i:04d}_{run['commit_info']['id']}.json"
+        path.write_text(json.dumps(run))
+        paths.append(path)
+    return paths
+
+
+def test_gate_fails_on_our_regression_only_and_names_it(tmp_path: Path) -> None:
+    slower_ours = {**BASE, ("1x8x4x4-G2", "fp16", "bwd", "ours-auto"): 1000.0}
+    slower_peer = {**BASE, ("1x8x4x4-G2", "fp16", "fwd", "eager"): 900.0}
+    base, bad, peer = write_runs(
+        tmp_path,
+        saved_json(BASE, "aaa", "2026-11-30T07:00:00"),
+        saved_json(slower_ours, "bbb", "2026-11-30T08:00:00"),
+        saved_json(slower_peer, "ccc", "2026-11-30T09:00:00"),
+    )
+    result = history.gate(history.load_run(base), history.load_run(bad))
+    assert not result.ok
+    assert [c.key for c in result.regressions] == [("1x8x4x4-G2", "fp16", "bwd", "ours-auto")]
+    text = history.render_gate(result, history.load_run(base), history.load_run(bad))
+    assert "REGRESSION" in text and "test_groupnorm[1x8x4x4-G2-fp16-bwd-ours-auto]" in text
+    peer_result = history.gate(history.load_run(base), history.load_run(peer))
+    assert peer_result.ok and len(peer_result.peers) == 3
+    assert "eager" in history.render_gate(peer_result, history.load_run(base), history.load_run(peer))
+    # 9 % slower passes at the default 10 %, fails at 5 %
+    near = {**BASE, ("1x8x4x4-G2", "fp16", "fwd", "ours-auto"): 218.0}
+    (near_path,) = write_runs(tmp_path / "near", saved_json(near, "ddd", "2026-11-30T10:00:00"))
+    assert history.gate(history.load_run(base), history.load_run(near_path)).ok
+    assert not history.gate(history.load_run(base), history.load_run(near_path), 0.05).ok
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gn_module.bench", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_gate_cli_exit_status_and_default_baseline(tmp_path: Path) -> None:
+    slower = {k: v * 2 if k[3].startswith("ours") else v for k, v in BASE.items()}
+    base, _ = write_runs(
+        tmp_path,
+        saved_json(BASE, "aaa", "2026-11-30T07:00:00"),
+        saved_json(slower, "bbb", "2026-11-30T08:00:00"),
+    )
+    proc = run_cli("gate", "--storage", f"file://{tmp_path}")  # newest run vs the newest other one
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        "REGRESSION: 3 of our medians" in proc.stdout
+        and "ours: 3 compared, median ratio x2.000" in proc.stdout
+    )
+    same = run_cli("gate", "--baseline", str(base), "--run", str(base))
+    assert same.returncode == 0 and "gate passed" in same.stdout
+    empty = run_cli("gate", "--storage", str(tmp_path / "nothing"))
+    assert empty.returncode == 2 and "does not exist" in empty.stderr
+
+
+def test_history_table_and_plot(tmp_path: Path) -> None:
+    faster = {k: v / 2 if k[3] == "ours-auto" else v for k, v in BASE.items()}
+    write_runs(
+        tmp_path,
+        saved_json(BASE, "aaa111", "2026-11-30T07:00:00"),
+        saved_json(faster, "bbb222", "2026-12-01T07:00:00"),
+    )
+    runs = history.load_runs(tmp_path)
+    rows = history.history_rows(runs)
+    fwd = [r for r in rows if r["direction"] == "fwd"]
+    assert [r["commit"] for r in fwd] == ["aaa111", "bbb222"]
+    assert [round(r["vs_compile"], 3) for r in fwd] == [1.25, 2.5]  # best compile 250 us
+    assert [r["sol"] for r in fwd] == [0.5, 1.0]
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "history.png"
+    proc = run_cli("history", "--storage", str(tmp_path), "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert "1x8x4x4-G2 fp16 fwd" in proc.stdout and "vs compile x2.50" in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_history_reads_the_committed_baseline() -> None:
+    proc = run_cli("history", "--storage", str(BASELINE_DIR))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("1x128x1024x2048-G16") == 4  # 2 dtypes x 2 directions
+
+
+def test_plant_slowdown_wraps_both_entry_points(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import plant_slowdown
+    finally:
+        sys.path.pop(0)
+    plant_slowdown.plant(ROOT / "csrc", tmp_path / "csrc")
+    for filename, entry in plant_slowdown.ENTRIES.items():
+        text = (tmp_path / "csrc" / filename).read_text()
+        assert text.count(f"{entry}_once_planted(args, stream)") == 2
+        assert f'extern "C" int {entry}(const GnArgs* args, void* stream) {{' in text
