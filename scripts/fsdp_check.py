@@ -35,6 +35,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -255,7 +256,7 @@ def run_worker(args: argparse.Namespace) -> int:
     def fixed_batch_outputs(trainer: pl.Trainer, pl_module: pl.LightningModule) -> torch.Tensor:
         """The model's outputs on the fixed batch, through the strategy's wrapper (FSDP1's root unit),
         in the precision's forward context, as validation would compute them."""
-        x, t = eval_batch(pl_module.device)
+        x, t = eval_batch(trainer.strategy.root_device)  # FSDP1 moves parameters, not pl_module.device
         pl_module.eval()
         with torch.no_grad(), trainer.precision_plugin.forward_context():
             y = trainer.strategy.model(x, t)
@@ -302,9 +303,17 @@ def run_worker(args: argparse.Namespace) -> int:
         for call in callback.first_calls.values():
             if call.reason is not None:
                 reasons[call.reason] = reasons.get(call.reason, 0) + 1
-        fast = sum(call.reason is None for call in callback.first_calls.values())
-        dtypes = sorted({f"x {c.input_dtype} w {c.weight_dtype}" for c in callback.first_calls.values()})
-        return {"layers": len(callback.first_calls), "fast": fast, "fallback": reasons, "dtypes": dtypes}
+        calls = callback.first_calls
+        fast = sum(call.reason is None for call in calls.values())
+        dtypes = sorted({f"x {c.input_dtype} w {c.weight_dtype}" for c in calls.values()})
+        slow = [name for name, call in calls.items() if call.reason is not None][:10]
+        return {
+            "layers": len(calls),
+            "fast": fast,
+            "fallback": reasons,
+            "fallback_layers": slow,
+            "dtypes": dtypes,
+        }
 
     def consolidated_outputs(folder: Path, reference: torch.Tensor | None) -> dict[str, Any]:
         """Rank 0: the sharded checkpoint as one state dict, into a plain and a converted UNet."""
@@ -336,7 +345,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = {**cfg, "errors": {}}
-        folder = out / "checkpoints" / cfg["name"]
+        folder = Path(args.ckpt_dir) / cfg["name"]
         folder.mkdir(parents=True, exist_ok=True)
         pl.seed_everything(args.seed, verbose=False)
         if cfg["strategy"] == "single":
@@ -397,6 +406,9 @@ def run_worker(args: argparse.Namespace) -> int:
             result = {**cfg, "errors": {"run": traceback.format_exc(limit=-4)}}
             traceback.print_exc()
         result["seconds"] = round(time.perf_counter() - started, 1)
+        result["platform"] = f"torch {torch.__version__}, lightning {pl.__version__}, " + (
+            torch.cuda.get_device_name() if args.accelerator != "cpu" else "cpu"
+        )
         print(f"[fsdp_check rank {rank}] {cfg['name']} done in {result['seconds']} s", flush=True)
         if rank == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
             results.append(result)
@@ -446,6 +458,8 @@ def launch_group(
         str(args.lr),
         "--pg-timeout",
         str(args.pg_timeout),
+        "--ckpt-dir",
+        str(args.ckpt_dir),
         *(["--tiny"] if args.tiny else []),
     ]
     log = out / f"devices{devices}.log"
@@ -558,6 +572,7 @@ def main() -> int:
     p.add_argument("--pg-timeout", type=int, default=90, help="collective timeout in seconds. Default: 90")
     p.add_argument("--worker-devices", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-configs", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ckpt-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker_devices is not None:
         return run_worker(args)
@@ -572,6 +587,7 @@ def main() -> int:
         p.error(
             f"strategies in {STRATEGIES}, precisions in {PRECISIONS}, devices 1 and/or 2, even --steps >= 2"
         )
+    began = time.perf_counter()
     out = Path(args.out or tempfile.mkdtemp(prefix="fsdp_check_")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     groups = matrix(args)
@@ -599,11 +615,16 @@ def main() -> int:
             del groups[d]
 
     group_errors = {}
-    for devices, configs in sorted(groups.items()):
-        if configs:
-            error = launch_group(devices, configs, args, out)
-            if error:
-                group_errors[devices] = error
+    # Checkpoints (about 20 MB each) stay out of --out, which may be copied back from a remote machine.
+    args.ckpt_dir = tempfile.mkdtemp(prefix="fsdp_check_ckpt_")
+    try:
+        for devices, configs in sorted(groups.items()):
+            if configs:
+                error = launch_group(devices, configs, args, out)
+                if error:
+                    group_errors[devices] = error
+    finally:
+        shutil.rmtree(args.ckpt_dir, ignore_errors=True)
     results: list[dict[str, Any]] = []
     for devices, configs in sorted(groups.items()):
         path = out / f"devices{devices}.json"
@@ -635,8 +656,10 @@ def main() -> int:
         log = out / f"devices{devices}.log"
         if log.exists():
             print("".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:]))
+    platform = next((r["platform"] for r in results if "platform" in r), "no run finished")
     print(
-        f"\nGNSwapCallback under FSDP/FSDP2, {args.steps} steps, accelerator {args.accelerator}, out {out}\n"
+        f"\nGNSwapCallback under FSDP/FSDP2, {args.steps} steps, {platform}, "
+        f"{time.perf_counter() - began:.0f} s, out {out}\n"
         f"loss: max relative per-step difference vs single (rtol {LOSS_RTOL}); kernels: layers on our "
         f"kernels in the first batch; resume: step the sharded checkpoint resumed at; load/revert: "
         f"max|a-b|/max|b| vs the trained model (tol {OUT_TOL}); consol: consolidated plain UNet vs trained, "
