@@ -1,10 +1,14 @@
-"""Copy csrc/ to a temporary folder with a bug planted in the one-pass backward, print its path.
+"""Copy csrc/ to a temporary folder with one named bug planted, print the folder's path.
 
-    python scripts/plant_bug.py all-archs   # every overflow tile skips the reductions
-    python scripts/plant_bug.py sm80        # the first overflow tile skips them, on sm_80 only
+    python scripts/plant_bug.py all-archs        # every overflow tile skips the backward reductions
+    python scripts/plant_bug.py --list           # every planting: name, file, the bug, its catchers
+    python scripts/plant_bug.py --check          # exit 1 if a planting site is gone (CPU test too)
 
-Used by planted_bug.sh and planted_sm80_sweep.sh (point GN_CSRC_DIR at the printed folder) to
-show that the tests can fail. Exits non-zero if the planting site is gone.
+Point GN_CSRC_DIR at the printed folder to build and run the kernels with the bug (planted_bug.sh,
+planted_sm80_sweep.sh, issue11_gpu.sh). Each planting names its file, the exact source text it
+replaces (the *site*, which must occur exactly once) and what replaces it; when the kernels are
+rewritten, move the sites here (tests/test_plugin_plant_bug.py fails while one is missing).
+Exits 1 if the planting site is gone, 2 on a bad argument.
 """
 
 from __future__ import annotations
@@ -12,37 +16,138 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-SITE = (
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+
+
+@dataclass(frozen=True)
+class Planting:
+    file: str  # under csrc/
+    site: str  # source text that must occur exactly once
+    replacement: str  # what the site becomes
+    bug: str  # one line: what goes wrong
+    select: str  # pytest -k expression: the local suite cases that exercise it (the demo runs these)
+    blind_before: bool  # True when the suite before issue 11 had no case that could catch it
+
+
+# Sites: the calls and lines the plantings hook into. Named once, so a kernel rewrite moves them here.
+BWD_ONEPASS_TILE_CALL = (
     "    bwd_tile<T, V, kBatchOnepassBackward>(a, t, is_last ? keep_x : nullptr, "
     "is_last ? keep_dy : nullptr, scratch);"
 )
-BUGS = {
-    "all-archs": "    if (t >= gridDim.x) continue;  // PLANTED: overflow tiles skip the reductions\n",
-    "sm80": (
+FWD_ONEPASS_TILE_CALL = "    fwd_tile<T, V, kBatchOnepassForward>(a, t, is_last ? keep : nullptr, scratch);"
+TILE_OFFSET = "  __device__ int64_t offset(const GnArgs& a) const { return (n * a.s + row0) * a.c; }"
+TILE_SAMPLE = "    n = tile / a.tiles_per_slice;"
+GROUPS_OF_VECTOR = "  for (int v = 0; v < V; ++v) g[v] = first == last ? first : (c + v) / d;"
+
+PLANTINGS = {
+    "all-archs": Planting(
+        "gn_backward.cu", BWD_ONEPASS_TILE_CALL,
+        "    if (t >= gridDim.x) continue;  // PLANTED: overflow tiles skip the reductions\n"
+        + BWD_ONEPASS_TILE_CALL,
+        "one-pass backward: every overflow tile skips the reductions",
+        "bwd and not x1-", False,
+    ),
+    "sm80": Planting(
+        "gn_backward.cu", BWD_ONEPASS_TILE_CALL,
         "#if __CUDA_ARCH__ == 800\n"
         "    if (t == gridDim.x) continue;  // PLANTED: first overflow tile skips them\n"
-        "#endif\n"
+        "#endif\n" + BWD_ONEPASS_TILE_CALL,
+        "one-pass backward, sm_80 only: the first overflow tile skips the reductions",
+        "A100 and bwd", False,
     ),
-}
+    "onepass-int32": Planting(
+        "gn_kernels.cuh", TILE_OFFSET,
+        "  __device__ int64_t offset(const GnArgs& a) const {\n"
+        "    // PLANTED: 32-bit element offsets in overflow launches (wrapped into range: wrong, no crash)\n"
+        "    const int64_t o = (n * a.s + row0) * a.c;\n"
+        "    return gridDim.x < a.n * a.tiles_per_slice ? (o & 0x7fffffff) : o;\n"
+        "  }",
+        "one-pass launches with overflow tiles only: element offsets kept in 31 bits (two-pass untouched)",
+        "2_31", True,
+    ),
+    "scalar-overflow-drop": Planting(
+        "gn_backward.cu", BWD_ONEPASS_TILE_CALL,
+        "    if (V == 1 && t >= gridDim.x) continue;  // PLANTED: scalar path drops overflow tiles\n"
+        + BWD_ONEPASS_TILE_CALL,
+        "one-pass backward, scalar path (C not a multiple of the vector width) only: overflow tiles "
+        "skip the reductions",
+        "bwd and (c100g20 or c30g10) and not x1-", True,
+    ),
+    "partial-tile-drop": Planting(
+        "gn_forward.cu", FWD_ONEPASS_TILE_CALL,
+        "    if (t >= gridDim.x && t % a.tiles_per_slice == a.tiles_per_slice - 1 && a.s % a.rows_per_tile)\n"
+        "      continue;  // PLANTED: a partial last tile that is an overflow tile skips the reductions\n"
+        + FWD_ONEPASS_TILE_CALL,
+        "one-pass forward: the partial last tile of a slice, when it is an overflow tile, skips the "
+        "reductions and is never applied",
+        "fwd and partial and not x1-", True,
+    ),
+    "sample-boundary": Planting(
+        "gn_kernels.cuh", TILE_SAMPLE,
+        "    n = (tile >= gridDim.x ? blockIdx.x : tile) / a.tiles_per_slice;  // PLANTED: overflow tiles\n"
+        "    // take the sample of the block's first tile",
+        "one-pass with overflow: an overflow tile is read as part of its block's first sample",
+        "batch and not x1-", False,
+    ),
+    "group-straddle": Planting(
+        "gn_kernels.cuh", GROUPS_OF_VECTOR,
+        "  for (int v = 0; v < V; ++v) g[v] = first;  // PLANTED: a vector takes its first channel's group",
+        "a 16-byte vector whose channels span several groups uses its first channel's group for all "
+        "(both schedules)",
+        "c32g32 or (c100g20 and fp32)", True,
+    ),
+}  # fmt: skip
 
 
-def main() -> int:
-    if len(sys.argv) != 2 or sys.argv[1] not in BUGS:
-        print(f"usage: plant_bug.py {{{','.join(BUGS)}}}", file=sys.stderr)
-        return 2
-    bad = Path(tempfile.mkdtemp()) / "csrc"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "csrc", bad)
-    source = bad / "gn_backward.cu"
+def missing_sites(root: Path = CSRC) -> list[str]:
+    """Plantings whose site does not occur exactly once in their file (empty when all are fine)."""
+    problems = []
+    for name, p in PLANTINGS.items():
+        path = root / p.file
+        count = path.read_text().count(p.site) if path.is_file() else 0
+        if count != 1:
+            problems.append(
+                f"{name}: site occurs {count} times in {p.file} (expected once): {p.site.strip()!r}"
+            )
+    return problems
+
+
+def plant(name: str, root: Path = CSRC) -> Path:
+    """A copy of `root` with planting `name` applied; returns the copy's path."""
+    p = PLANTINGS[name]
+    bad = Path(tempfile.mkdtemp(prefix=f"gn-planted-{name}-")) / "csrc"
+    shutil.copytree(root, bad)
+    source = bad / p.file
     text = source.read_text()
-    if SITE not in text:
-        print("plant_bug.py: the planting site in gn_backward.cu moved; update SITE", file=sys.stderr)
+    if text.count(p.site) != 1:
+        raise LookupError(f"the planting site of {name!r} in {p.file} moved; update scripts/plant_bug.py")
+    source.write_text(text.replace(p.site, p.replacement))
+    return bad
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--list"]:
+        for name, p in PLANTINGS.items():
+            before = "blind before issue 11" if p.blind_before else "caught before too"
+            print(f"{name}\t{p.file}\t{p.bug}\t-k {p.select!r}\t{before}")
+        return 0
+    if argv == ["--check"]:
+        problems = missing_sites()
+        print("\n".join(problems) or f"all {len(PLANTINGS)} planting sites found", file=sys.stderr)
+        return 1 if problems else 0
+    if len(argv) != 1 or argv[0] not in PLANTINGS:
+        print(f"usage: plant_bug.py {{{','.join(PLANTINGS)}}} | --list | --check", file=sys.stderr)
+        return 2
+    try:
+        print(plant(argv[0]))
+    except LookupError as exc:
+        print(f"plant_bug.py: {exc}", file=sys.stderr)
         return 1
-    source.write_text(text.replace(SITE, BUGS[sys.argv[1]] + SITE))
-    print(bad)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

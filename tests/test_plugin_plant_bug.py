@@ -1,0 +1,72 @@
+"""scripts/plant_bug.py: every planting site is still in csrc/ (the kernels get rewritten; the
+GPU demonstrations of issue 11 depend on these sites), and planting changes exactly that site."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "plant_bug.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("plant_bug", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["plant_bug"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+plant_bug = _module()
+
+
+def test_every_planting_site_is_in_csrc_exactly_once() -> None:
+    assert plant_bug.missing_sites() == [], "move the sites in scripts/plant_bug.py to the new kernels"
+
+
+@pytest.mark.parametrize("name", sorted(plant_bug.PLANTINGS))
+def test_planting_changes_its_site_only(name: str) -> None:
+    p = plant_bug.PLANTINGS[name]
+    bad = plant_bug.plant(name)
+    try:
+        for source in (ROOT / "csrc").iterdir():
+            planted = (bad / source.name).read_text()
+            if source.name == p.file:
+                assert p.site not in planted or p.site in p.replacement
+                assert "PLANTED" in planted and planted.count("PLANTED") == p.replacement.count("PLANTED")
+                assert planted.replace(p.replacement, p.site) == source.read_text()
+            else:
+                assert planted == source.read_text()
+    finally:
+        shutil.rmtree(bad.parent)
+
+
+def test_a_missing_site_is_reported(tmp_path) -> None:
+    shutil.copytree(ROOT / "csrc", tmp_path / "csrc")
+    kernels = tmp_path / "csrc" / "gn_kernels.cuh"
+    kernels.write_text(
+        kernels.read_text().replace(plant_bug.TILE_SAMPLE, "    n = tile / (a.tiles_per_slice);")
+    )
+    problems = plant_bug.missing_sites(tmp_path / "csrc")
+    assert len(problems) == 1 and problems[0].startswith("sample-boundary: site occurs 0 times")
+    with pytest.raises(LookupError, match="moved"):
+        plant_bug.plant("sample-boundary", tmp_path / "csrc")
+
+
+def test_command_line() -> None:
+    run = lambda *a: subprocess.run([sys.executable, str(SCRIPT), *a], capture_output=True, text=True)  # noqa: E731
+    assert run("--check").returncode == 0
+    listing = run("--list")
+    assert listing.returncode == 0 and len(listing.stdout.splitlines()) == len(plant_bug.PLANTINGS)
+    assert run("no-such-bug").returncode == 2
+    out = run("group-straddle")
+    assert out.returncode == 0
+    folder = Path(out.stdout.strip())
+    assert "PLANTED" in (folder / "gn_kernels.cuh").read_text()
+    shutil.rmtree(folder.parent)
