@@ -306,8 +306,10 @@ __device__ __forceinline__ void chunk_origin(const StreamArgs& a, long long c, l
 constexpr int kStreamThreads = 256;
 
 // Plain loads into registers: U vector loads of VB bytes in flight per thread before the first use.
+// The minimum-blocks hint of 1 matters: without it ptxas aims at full occupancy (32 registers) and
+// interleaves each load with the add that consumes it, leaving only ~4 loads in flight whatever U is.
 template <int VB, int U>
-__global__ void __launch_bounds__(kStreamThreads) k_stream_ld(StreamArgs a) {
+__global__ void __launch_bounds__(kStreamThreads, 1) k_stream_ld(StreamArgs a) {
   using V = typename std::conditional<VB == 16, uint4, uint2>::type;
   const int t = threadIdx.x;
   const int vpr_mask = (1 << a.log2_vpr) - 1;
@@ -321,6 +323,7 @@ __global__ void __launch_bounds__(kStreamThreads) k_stream_ld(StreamArgs a) {
     long long win, row0;
     chunk_origin(a, c, win, row0);
     const uint8_t* p = a.x + (row0 + row_in) * a.row_stride + win * a.row_bytes + col_off;
+#pragma unroll 1  // exactly U loads in flight: the compiler would otherwise unroll this loop too
     for (int s = 0; s < slots; s += U) {
       V v[U];
 #pragma unroll
@@ -338,7 +341,7 @@ constexpr int kStages = 4;
 constexpr int kStreamSmem = kStages * kStageBytes + 64;
 
 // cp.async 16 B into shared memory. Each thread reads back only the vectors it copied, so no CTA barrier.
-__global__ void __launch_bounds__(kStreamThreads) k_stream_cpasync(StreamArgs a) {
+__global__ void __launch_bounds__(kStreamThreads, 1) k_stream_cpasync(StreamArgs a) {
   extern __shared__ __align__(128) uint8_t sm[];
   const int t = threadIdx.x;
   const int vpr_mask = (1 << a.log2_vpr) - 1;
@@ -366,6 +369,7 @@ __global__ void __launch_bounds__(kStreamThreads) k_stream_cpasync(StreamArgs a)
   };
   for (int s = 0; s < kStages - 1; ++s) issue(s);
   uint32_t acc = 0;
+#pragma unroll 1
   for (long long s = 0; s < total; ++s) {
     issue(s + kStages - 1);
     cp_async_wait<kStages - 1>();
@@ -379,7 +383,7 @@ __global__ void __launch_bounds__(kStreamThreads) k_stream_cpasync(StreamArgs a)
 // Bulk copy engine: one cp.async.bulk per row segment (or one per stage when the rows are contiguous),
 // or (TMA=true) one 2D tensor copy per stage. Completion on one mbarrier per stage.
 template <bool TMA>
-__global__ void __launch_bounds__(kStreamThreads) k_stream_bulk(StreamArgs a, const __grid_constant__ CUtensorMap tmap) {
+__global__ void __launch_bounds__(kStreamThreads, 1) k_stream_bulk(StreamArgs a, const __grid_constant__ CUtensorMap tmap) {
   extern __shared__ __align__(128) uint8_t sm[];
   uint64_t* full = reinterpret_cast<uint64_t*>(sm + kStages * kStageBytes);
   const int t = threadIdx.x;
@@ -395,14 +399,18 @@ __global__ void __launch_bounds__(kStreamThreads) k_stream_bulk(StreamArgs a, co
     fence_proxy_async();
   }
   __syncthreads();
-  auto issue = [&](long long s) {
+  // Thread 0 arms a stage's barrier with its byte count before any thread issues a copy into it (a
+  // __syncthreads separates the two), so the transaction count never runs ahead of the expectation.
+  auto arm = [&](long long s) {
+    if (s < total && t == 0) mbar_arrive_expect_tx(smem_u32(&full[s % kStages]), kStageBytes);
+  };
+  auto copy = [&](long long s) {
     if (s >= total) return;
     long long win, row0;
     chunk_origin(a, blockIdx.x + (s / stages_per_chunk) * gridDim.x, win, row0);
     row0 += (s % stages_per_chunk) * stage_rows;
     const uint32_t bar = smem_u32(&full[s % kStages]);
     const uint32_t d = base_s + static_cast<uint32_t>((s % kStages) * kStageBytes);
-    if (t == 0) mbar_arrive_expect_tx(bar, kStageBytes);
     if (TMA) {
       if (t == 0) tma2d_g2s(d, &tmap, static_cast<int>(win * a.win_elems), static_cast<int>(row0), bar);
     } else if (contiguous) {
@@ -413,15 +421,19 @@ __global__ void __launch_bounds__(kStreamThreads) k_stream_bulk(StreamArgs a, co
         bulk_g2s(d + r * a.row_bytes, g + (long long)r * a.row_stride, a.row_bytes, bar);
     }
   };
-  for (int s = 0; s < kStages; ++s) issue(s);
+  for (int s = 0; s < kStages; ++s) arm(s);
+  __syncthreads();
+  for (int s = 0; s < kStages; ++s) copy(s);
   uint32_t acc = 0;
+#pragma unroll 1
   for (long long s = 0; s < total; ++s) {
     mbar_wait(smem_u32(&full[s % kStages]), static_cast<uint32_t>((s / kStages) & 1));
     const uint4* b = reinterpret_cast<const uint4*>(sm + (s % kStages) * kStageBytes) + t;
 #pragma unroll
     for (int k = 0; k < kStageBytes / 16 / kStreamThreads; ++k) acc += fold(b[k * kStreamThreads]);
-    __syncthreads();  // every thread is done with this stage before it is refilled
-    issue(s + kStages);
+    arm(s + kStages);  // thread 0 has finished waiting on this barrier's previous phase
+    __syncthreads();   // every thread is done with this stage before it is refilled
+    copy(s + kStages);
   }
   a.sink[blockIdx.x * kStreamThreads + t] = acc;
 }
@@ -529,6 +541,13 @@ __device__ __forceinline__ uint4 apply_vec(uint4 v, const float (&a)[8], const f
   }
   return v;
 }
+// volatile keeps these shared loads after the (volatile) mbarrier waits; no "memory" clobber, so the
+// compiler may still overlap them with the global stores of the apply loop.
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ int first_row(int rb, int rl, int rpp) { return rb + ((rl - rb % rpp) + rpp) % rpp; }
 
 template <int LOADER, int THREADS, int MINB, int K>
@@ -537,19 +556,19 @@ __global__ void __launch_bounds__(THREADS, MINB) k_onchip(ProtoArgs p) {
   const int t = threadIdx.x;
   const int group = blockIdx.x / p.k, rank = blockIdx.x - group * p.k;
   const int row_bytes = p.Wc * 2, tpr = row_bytes / 16, rpp = THREADS / tpr;
-  // Fixed thread -> (column of 8 channels, row lane): a thread always touches the same channels.
+  // Fixed thread -> (column of 8 channels, row lane): a thread always touches the same channels, and in the
+  // cp.async variant it copies exactly the vectors it later reduces and applies.
   const int col = t % tpr, rl = t / tpr;
   const bool active = rl < rpp;
   uint64_t* mbar = reinterpret_cast<uint64_t*>(sm);
   float4* tree = reinterpret_cast<float4*>(sm + 128);
   float2* ab = reinterpret_cast<float2*>(sm + 128 + THREADS * 16);
   float2* stat = ab + p.Wc;
-  uint8_t* data = sm + proto_data_offset(THREADS, p.Wc);
-  const uint32_t data_s = smem_u32(data);
-  const size_t rs = (size_t)p.C * 2;
-  const uint32_t rs32 = static_cast<uint32_t>(rs);  // offsets inside one chunk fit in 32 bits
-  const bool contiguous = p.Wc == p.C;
+  const uint32_t slab_s = smem_u32(sm + proto_data_offset(THREADS, p.Wc));
+  const uint32_t data_s = slab_s + col * 16;  // this thread's column in the slab
+  const uint32_t rs = static_cast<uint32_t>(p.C) * 2;  // row stride; offsets inside a chunk fit in 32 bits
   if (LOADER != LD_REG && t == 0) {
+#pragma unroll 1
     for (int i = 0; i < kMaxStagesProto; ++i)
       mbar_init(smem_u32(&mbar[i]), LOADER == LD_BULK ? 1u : static_cast<unsigned>(tpr * rpp));
     fence_mbar_init();
@@ -557,64 +576,88 @@ __global__ void __launch_bounds__(THREADS, MINB) k_onchip(ProtoArgs p) {
   }
   __syncthreads();
   // The (at most two) groups this thread's 8 channels belong to, and where the second one starts.
-  const int g0 = (col * 8) / p.cpg;
-  const int split = min(8, (g0 + 1) * p.cpg - col * 8);
+  const int split = min(8, ((col * 8) / p.cpg + 1) * p.cpg - col * 8);
   uint32_t phases = 0;  // parity bit per stage mbarrier
-  int parity = 0;       // which half of the double-buffered partials this task uses
+  uint4 v[K];           // register slab (LD_REG only)
+
+  // Start copying rows [0, nr) at src into the shared-memory slab, one mbarrier per stage of stage_rows.
+  auto issue_chunk = [&](const uint8_t* src, int nr) {
+    const int ns = (nr + p.stage_rows - 1) / p.stage_rows;
+    if (LOADER == LD_BULK) {
+      fence_proxy_async();  // this thread's generic-proxy reads of the slab, before async-proxy writes
+      if (t == 0)           // arm every stage before any copy is issued (the __syncthreads below)
+#pragma unroll 1
+        for (int st = 0; st < ns; ++st)
+          mbar_arrive_expect_tx(smem_u32(&mbar[st]), min(p.stage_rows, nr - st * p.stage_rows) * row_bytes);
+    }
+    __syncthreads();  // everyone is done reading the slab (and waiting on its barriers) before it is refilled
+    if (LOADER == LD_BULK) {
+      if (p.Wc == p.C) {  // the window is all of C: a stage is one contiguous range, one copy
+#pragma unroll 1
+        for (int st = t; st < ns; st += THREADS)
+          bulk_g2s(slab_s + st * p.stage_rows * row_bytes, src + (size_t)st * p.stage_rows * rs,
+                   min(p.stage_rows, nr - st * p.stage_rows) * row_bytes, smem_u32(&mbar[st]));
+      } else {  // one copy per row segment
+#pragma unroll 1
+        for (int r = t; r < nr; r += THREADS)
+          bulk_g2s(slab_s + r * row_bytes, src + (size_t)r * rs, row_bytes, smem_u32(&mbar[r / p.stage_rows]));
+      }
+    } else if (active) {
+#pragma unroll 1
+      for (int st = 0; st < ns; ++st) {
+        const int rb = st * p.stage_rows, re = min(nr, rb + p.stage_rows);
+#pragma unroll 1
+        for (int r = first_row(rb, rl, rpp); r < re; r += rpp)
+          cp_async16(slab_s + r * row_bytes + col * 16, src + r * rs + col * 16);
+        cp_async_arrive_noinc(smem_u32(&mbar[st]));
+      }
+    }
+  };
+  // Wait for stage st of the slab (every thread waits, so the phase bits stay identical across the CTA).
+  auto wait_stage = [&](int st) {
+    mbar_wait(smem_u32(&mbar[st]), (phases >> st) & 1u);
+    phases ^= 1u << st;
+  };
+  // Rows rl, rl + rpp, ... of a chunk of nr rows: this thread's first `valid` slots of the register slab.
+  auto valid_slots = [&](int nr) { return active && nr > rl ? (nr - rl + rpp - 1) / rpp : 0; };
+  const uint32_t slot_step = static_cast<uint32_t>(rpp) * rs;  // bytes between a thread's rows
+  auto load_regs = [&](const uint8_t* src, int nr) {
+    const int valid = valid_slots(nr);
+    const uint8_t* q = src + rl * rs + col * 16;
+#pragma unroll
+    for (int i = 0; i < K; ++i)
+      v[i] = i < valid ? __ldg(reinterpret_cast<const uint4*>(q + i * slot_step)) : make_uint4(0, 0, 0, 0);
+  };
+
+  int parity = 0;  // which half of the double-buffered partials this task uses
+  #pragma unroll 1
   for (int task = group; task < p.ntasks; task += p.ngroups, parity ^= 1) {
     const int n = task / p.nwin, w = task - n * p.nwin;
     const size_t task_off = ((size_t)n * p.rows * p.C + (size_t)w * p.Wc) * 2;
-    const uint8_t* xb = reinterpret_cast<const uint8_t*>(p.x) + task_off;
-    uint8_t* yb = reinterpret_cast<uint8_t*>(p.y) + task_off;
     const int m = rank < p.nchunks ? (p.nchunks - 1 - rank) / p.k + 1 : 0;  // chunks of this CTA
+    auto chunk_rows = [&](int j) { return static_cast<int>(min((long long)p.chunk_rows, p.rows - (long long)(rank + j * p.k) * p.chunk_rows)); };
+    auto chunk_off = [&](int j) { return task_off + (size_t)(rank + j * p.k) * p.chunk_rows * rs; };
+    const uint8_t* xb = reinterpret_cast<const uint8_t*>(p.x);
+
+    // ---- phase 1: load and reduce; the last chunk stays on chip ----
     GroupAcc acc;
-    uint4 v[K];
-    // ---- phase 1: load and reduce (the last chunk stays on chip) ----
+    #pragma unroll 1
     for (int j = 0; j < m; ++j) {
-      const int r0 = (rank + j * p.k) * p.chunk_rows;
-      const int nr = static_cast<int>(min((long long)p.chunk_rows, p.rows - r0));
-      const uint8_t* src = xb + (size_t)r0 * rs;
+      const int nr = chunk_rows(j);
       if constexpr (LOADER == LD_REG) {
-#pragma unroll
-        for (int i = 0; i < K; ++i) {
-          const int r = rl + i * rpp;
-          v[i] = (active && r < nr) ? __ldg(reinterpret_cast<const uint4*>(src + (uint32_t)r * rs32 + col * 16))
-                                    : make_uint4(0, 0, 0, 0);
-        }
+        load_regs(xb + chunk_off(j), nr);
 #pragma unroll
         for (int i = 0; i < K; ++i) acc_vec(acc, v[i], split);  // zero padding adds nothing
       } else {
-        __syncthreads();  // everyone is done with the slab (previous chunk or task) before it is refilled
-        if (LOADER == LD_BULK) fence_proxy_async();
-        const int ns = (nr + p.stage_rows - 1) / p.stage_rows;
-        if (LOADER == LD_BULK) {
-          if (t == 0)
-            for (int st = 0; st < ns; ++st)
-              mbar_arrive_expect_tx(smem_u32(&mbar[st]), min(p.stage_rows, nr - st * p.stage_rows) * row_bytes);
-          if (contiguous) {  // whole stages are contiguous: one copy per stage
-            for (int st = t; st < ns; st += THREADS)
-              bulk_g2s(data_s + st * p.stage_rows * row_bytes, src + (size_t)st * p.stage_rows * rs,
-                       min(p.stage_rows, nr - st * p.stage_rows) * row_bytes, smem_u32(&mbar[st]));
-          } else {  // one copy per row segment
-            for (int r = t; r < nr; r += THREADS)
-              bulk_g2s(data_s + r * row_bytes, src + (size_t)r * rs, row_bytes, smem_u32(&mbar[r / p.stage_rows]));
-          }
-        } else if (active) {  // cp.async: this thread copies exactly the vectors it will reduce
-          for (int st = 0; st < ns; ++st) {
-            const int rb = st * p.stage_rows, re = min(nr, rb + p.stage_rows);
-            for (int r = first_row(rb, rl, rpp); r < re; r += rpp)
-              cp_async16(data_s + r * row_bytes + col * 16, src + (size_t)r * rs + col * 16);
-            cp_async_arrive_noinc(smem_u32(&mbar[st]));
-          }
-        }
-        for (int st = 0; st < ns; ++st) {  // reduce stage by stage as the copies land
-          mbar_wait(smem_u32(&mbar[st]), (phases >> st) & 1u);
-          phases ^= 1u << st;
+        issue_chunk(xb + chunk_off(j), nr);
+        #pragma unroll 1
+        for (int st = 0; st * p.stage_rows < nr; ++st) {  // reduce stage by stage as the copies land
+          wait_stage(st);
           if (active) {
             const int rb = st * p.stage_rows, re = min(nr, rb + p.stage_rows);
 #pragma unroll 2
             for (int r = first_row(rb, rl, rpp); r < re; r += rpp)
-              acc_vec(acc, *reinterpret_cast<const uint4*>(data + r * row_bytes + col * 16), split);
+              acc_vec(acc, lds128(data_s + r * row_bytes), split);
           }
         }
       }
@@ -622,9 +665,10 @@ __global__ void __launch_bounds__(THREADS, MINB) k_onchip(ProtoArgs p) {
     // ---- CTA reduction in a fixed order: a tree over the row lanes of each column ----
     {
       float4 f = active ? make_float4(acc.s0, acc.q0, acc.s1, acc.q1) : make_float4(0.f, 0.f, 0.f, 0.f);
-      __syncthreads();  // the tree and ab regions are free (previous task's apply has read ab into registers)
+      __syncthreads();  // tree and ab are free: the previous task's apply has read ab into registers
       tree[t] = f;
       __syncthreads();
+      #pragma unroll 1
       for (int step = 1; step < rpp; step <<= 1) {
         if (active && (rl & (2 * step - 1)) == 0 && rl + step < rpp) {
           const float4 o = tree[t + step * tpr];
@@ -640,31 +684,28 @@ __global__ void __launch_bounds__(THREADS, MINB) k_onchip(ProtoArgs p) {
         float gs = 0.f, gq = 0.f;
         for (int c = (t * p.cpg) / 8; c <= ((t + 1) * p.cpg - 1) / 8; ++c) {
           const float4 o = tree[c];
-          if ((c * 8) / p.cpg == t) {
-            gs += o.x;
-            gq += o.y;
-          } else {
-            gs += o.z;
-            gq += o.w;
-          }
+          const bool first = (c * 8) / p.cpg == t;
+          gs += first ? o.x : o.z;
+          gq += first ? o.y : o.w;
         }
         p.partials[(((size_t)group * 2 + parity) * p.k + rank) * p.Gw + t] = make_float2(gs, gq);
       }
     }
-    // ---- the task's CTAs meet; then every CTA sums all partials in rank order ----
+    // ---- the task's CTAs meet; then every CTA sums all k partials in rank order ----
     task_barrier(p.bars + (size_t)group * kBarStride, p.k, rank == 0);
     {
       const int L = p.combine_lanes, gi = t / L, lane = t % L;
       float2 tot = make_float2(0.f, 0.f);
       if (gi < p.Gw) {
         const float2* pp = p.partials + ((size_t)group * 2 + parity) * p.k * p.Gw + gi;
+        #pragma unroll 1
         for (int r = lane; r < p.k; r += L) {
-          const float2 o = __ldcg(pp + (size_t)r * p.Gw);  // L2, never a stale L1 line
+          const float2 o = __ldcg(pp + (size_t)r * p.Gw);  // from L2: never a stale L1 line
           tot.x += o.x;
           tot.y += o.y;
         }
       }
-      for (int off = L / 2; off > 0; off >>= 1) {
+      for (int off = L / 2; off > 0; off >>= 1) {  // fixed-shape tree across the L lanes
         tot.x += __shfl_xor_sync(0xffffffffu, tot.x, off);
         tot.y += __shfl_xor_sync(0xffffffffu, tot.y, off);
       }
@@ -682,7 +723,8 @@ __global__ void __launch_bounds__(THREADS, MINB) k_onchip(ProtoArgs p) {
       }
       __syncthreads();
     }
-    // ---- phase 2: apply, on-chip chunk first, then overflow chunks newest first (most likely in L2) ----
+    // ---- phase 2: apply. The on-chip chunk first; then overflow chunks, newest first (the likeliest to
+    // still be in L2), reloaded through the same on-chip path (the slab or the registers) ----
     float a[8], b[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -690,34 +732,28 @@ __global__ void __launch_bounds__(THREADS, MINB) k_onchip(ProtoArgs p) {
       a[j] = o.x;
       b[j] = o.y;
     }
-    if (active) {
-      for (int j = m - 1; j >= 0; --j) {
-        const int r0 = (rank + j * p.k) * p.chunk_rows;
-        const int nr = static_cast<int>(min((long long)p.chunk_rows, p.rows - r0));
-        const uint8_t* src = xb + (size_t)r0 * rs + col * 16;
-        uint8_t* dst = yb + (size_t)r0 * rs + col * 16;
-        if (j == m - 1) {
-          if constexpr (LOADER == LD_REG) {
+    uint8_t* yb = reinterpret_cast<uint8_t*>(p.y);
+    #pragma unroll 1
+    for (int j = m - 1; j >= 0; --j) {
+      const int nr = chunk_rows(j);
+      uint8_t* dst = yb + chunk_off(j) + col * 16;
+      if constexpr (LOADER == LD_REG) {
+        if (j < m - 1) load_regs(xb + chunk_off(j), nr);
+        const int valid = valid_slots(nr);
+        uint8_t* q = dst + rl * rs;
 #pragma unroll
-            for (int i = 0; i < K; ++i) {
-              const int r = rl + i * rpp;
-              if (r < nr) *reinterpret_cast<uint4*>(dst + (uint32_t)r * rs32) = apply_vec(v[i], a, b);
-            }
-          } else {
+        for (int i = 0; i < K; ++i)
+          if (i < valid) *reinterpret_cast<uint4*>(q + i * slot_step) = apply_vec(v[i], a, b);
+      } else {
+        if (j < m - 1) issue_chunk(xb + chunk_off(j), nr);
+        #pragma unroll 1
+        for (int st = 0; st * p.stage_rows < nr; ++st) {
+          if (j < m - 1) wait_stage(st);
+          if (active) {
+            const int rb = st * p.stage_rows, re = min(nr, rb + p.stage_rows);
 #pragma unroll 2
-            for (int r = rl; r < nr; r += rpp)
-              *reinterpret_cast<uint4*>(dst + (uint32_t)r * rs32) =
-                  apply_vec(*reinterpret_cast<const uint4*>(data + r * row_bytes + col * 16), a, b);
-          }
-        } else {
-          for (int r = rl; r < nr; r += 4 * rpp) {  // overflow re-read: 4 loads in flight per thread
-            uint4 u[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-              if (r + i * rpp < nr) u[i] = __ldg(reinterpret_cast<const uint4*>(src + (uint32_t)(r + i * rpp) * rs32));
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-              if (r + i * rpp < nr) *reinterpret_cast<uint4*>(dst + (uint32_t)(r + i * rpp) * rs32) = apply_vec(u[i], a, b);
+            for (int r = first_row(rb, rl, rpp); r < re; r += rpp)
+              *reinterpret_cast<uint4*>(dst + r * rs) = apply_vec(lds128(data_s + r * row_bytes), a, b);
           }
         }
       }
@@ -743,6 +779,7 @@ struct L2Args {
 template <int MODE>
 __device__ uint32_t read_phase(const uint4* a, size_t n, size_t tid, size_t nth, uint64_t pol) {
   uint32_t acc = 0;
+#pragma unroll 1
   for (size_t i = tid; i < n; i += 8 * nth) {
     uint4 v[8];
 #pragma unroll
@@ -773,7 +810,7 @@ __device__ void inter_any(int mode, uint4* o, size_t n, size_t tid, size_t nth, 
     }
   }
 }
-__global__ void __launch_bounds__(256) k_l2_coop(L2Args p) {
+__global__ void __launch_bounds__(256, 1) k_l2_coop(L2Args p) {
   cg::grid_group g = cg::this_grid();
   const size_t nth = (size_t)gridDim.x * blockDim.x;
   const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -795,14 +832,14 @@ __global__ void __launch_bounds__(256) k_l2_coop(L2Args p) {
   p.sink[tid] = acc;
 }
 // The same phases as separate launches, for event timing (includes launch gaps; see the empty kernel).
-__global__ void __launch_bounds__(256) k_l2_read(const uint4* a, size_t n, int mode, int rotate, uint32_t* sink) {
+__global__ void __launch_bounds__(256, 1) k_l2_read(const uint4* a, size_t n, int mode, int rotate, uint32_t* sink) {
   const size_t nth = (size_t)gridDim.x * blockDim.x;
   size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (rotate) tid = (tid + nth / 2) % nth;
   const uint32_t acc = read_any(mode, a, n, tid, nth);
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
-__global__ void __launch_bounds__(256) k_l2_inter(uint4* o, size_t n, int mode, uint32_t* sink) {
+__global__ void __launch_bounds__(256, 1) k_l2_inter(uint4* o, size_t n, int mode, uint32_t* sink) {
   const size_t nth = (size_t)gridDim.x * blockDim.x;
   const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   uint32_t acc = 0;
@@ -860,7 +897,7 @@ static void flush_l2() {
 // Median GPU time (us) of body(), events around it, after `warm` untimed repetitions; pre() runs untimed
 // before each repetition (the L2 flush).
 template <class Pre, class Body>
-static double median_us(int warm, int reps, Pre pre, Body body, double* spread = nullptr) {
+static double median_us(int warm, int reps, Pre pre, Body body) {
   std::vector<float> v;
   for (int i = 0; i < warm + reps; ++i) {
     pre();
@@ -873,7 +910,6 @@ static double median_us(int warm, int reps, Pre pre, Body body, double* spread =
     if (i >= warm) v.push_back(ms * 1000.f);
   }
   std::sort(v.begin(), v.end());
-  if (spread) *spread = (v[v.size() * 9 / 10 < v.size() ? v.size() * 9 / 10 : v.size() - 1] - v[v.size() / 10]);
   return v[v.size() / 2];
 }
 static auto no_pre = [] {};
@@ -1012,20 +1048,28 @@ struct StreamVariant {
 static void measure_stream() {
   Table t{"stream",
           "1. Channel-window streaming reads of a ~512 MiB NHWC fp16 tensor [rows, C]",
-          "Each CTA reads whole chunks (rows x one window); a persistent grid walks chunks window by window "
-          "('task' order) unless order=interleaved. GB/s counts the tensor bytes read once. frac = / copy TB/s. "
-          "ok = the sum of all words read equals the tensor's sum.",
-          {"C", "W ch", "row B", "variant", "chunk KB", "order", "CTAs/SM", "us", "TB/s", "frac", "ok"},
-          6,
+          "Each CTA (256 threads) reads whole chunks (rows x one window); a persistent grid walks the chunks window "
+          "by window ('task' order) unless order=interleaved. ldVB xU = U loads of VB bytes in flight per thread; "
+          "cp.async/bulk/tma = a ring of 4 x 16 KB shared-memory stages per CTA (bulk: one cp.async.bulk per row "
+          "segment, or per stage when the window is all of C; tma: one 2D tensor copy per stage). CTAs/SM: "
+          "occupancy (forced by padding shared memory where marked *). KB/SM = bytes in flight per SM at most. "
+          "TB/s counts the tensor bytes read once; frac = / copy TB/s. ok = the sum of all words read equals the "
+          "tensor's sum.",
+          {"C", "W ch", "row B", "variant", "chunk KB", "order", "CTAs/SM", "KB/SM", "us", "TB/s", "frac", "ok"},
+          7,
           {}};
   const StreamVariant vars[] = {{"ld16 x4", 0, 16, 4},  {"ld16 x8", 0, 16, 8},     {"ld16 x16", 0, 16, 16},
                                 {"ld8 x8", 0, 8, 8},     {"ld8 x16", 0, 8, 16},     {"cp.async16 4x16KB", 1, 16, 0},
                                 {"bulk/row 4x16KB", 2, 16, 0}, {"tma2d 4x16KB", 3, 16, 0}};
-  CK(cudaFuncSetAttribute(k_stream_cpasync, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmem));
-  CK(cudaFuncSetAttribute(k_stream_bulk<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmem));
-  CK(cudaFuncSetAttribute(k_stream_bulk<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmem));
+  const void* ld_fns[] = {(const void*)k_stream_ld<16, 4>, (const void*)k_stream_ld<16, 8>, (const void*)k_stream_ld<16, 16>,
+                          (const void*)k_stream_ld<8, 8>, (const void*)k_stream_ld<8, 16>};
+  for (const void* f : ld_fns) CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
+  CK(cudaFuncSetAttribute(k_stream_cpasync, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
+  CK(cudaFuncSetAttribute(k_stream_bulk<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
+  CK(cudaFuncSetAttribute(k_stream_bulk<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
 
-  auto run_one = [&](int C, int W, const StreamVariant& v, int chunk_kb, int interleave) {
+  // cps > 0: pad shared memory so that exactly cps CTAs fit on an SM.
+  auto run_one = [&](int C, int W, const StreamVariant& v, int chunk_kb, int interleave, int cps) {
     const long long target = 512ll * kMiB;
     const long long rows = target / (2ll * C) / 6144 * 6144;  // divisible by every chunk size used
     const long long tensor_bytes = rows * 2ll * C;
@@ -1049,11 +1093,8 @@ static void measure_stream() {
     if (v.kind == 0) {
       const int per_iter = kStreamThreads * v.vb * v.unroll;
       if ((chunk_kb * 1024) % per_iter) return;
-      if (v.vb == 16 && v.unroll == 4) fn = (const void*)k_stream_ld<16, 4>;
-      if (v.vb == 16 && v.unroll == 8) fn = (const void*)k_stream_ld<16, 8>;
-      if (v.vb == 16 && v.unroll == 16) fn = (const void*)k_stream_ld<16, 16>;
-      if (v.vb == 8 && v.unroll == 8) fn = (const void*)k_stream_ld<8, 8>;
-      if (v.vb == 8 && v.unroll == 16) fn = (const void*)k_stream_ld<8, 16>;
+      for (int i = 0; i < 5; ++i)
+        if (vars[i].vb == v.vb && vars[i].unroll == v.unroll) fn = ld_fns[i];
     } else {
       smem = kStreamSmem;
       fn = v.kind == 1 ? (const void*)k_stream_cpasync : v.kind == 2 ? (const void*)k_stream_bulk<false> : (const void*)k_stream_bulk<true>;
@@ -1073,16 +1114,21 @@ static void measure_stream() {
         }
       }
     }
+    if (cps) smem = std::max(smem, (size_t)g_dev.smem_per_sm / (cps + 1) - g_dev.smem_reserved + 128);
     const int occ = occupancy(fn, kStreamThreads, smem);
+    if (occ == 0 || (cps && occ != cps)) {
+      fprintf(stderr, "stream: skipping %s C=%d W=%d cps=%d (occupancy %d)\n", v.name, C, W, cps, occ);
+      return;
+    }
     const int grid = static_cast<int>(std::min<long long>(a.nchunks, (long long)occ * g_dev.sms));
     auto launch = [&] {
       switch (v.kind) {
         case 0:
-          if (v.vb == 16 && v.unroll == 4) k_stream_ld<16, 4><<<grid, kStreamThreads, 0, g_s>>>(a);
-          if (v.vb == 16 && v.unroll == 8) k_stream_ld<16, 8><<<grid, kStreamThreads, 0, g_s>>>(a);
-          if (v.vb == 16 && v.unroll == 16) k_stream_ld<16, 16><<<grid, kStreamThreads, 0, g_s>>>(a);
-          if (v.vb == 8 && v.unroll == 8) k_stream_ld<8, 8><<<grid, kStreamThreads, 0, g_s>>>(a);
-          if (v.vb == 8 && v.unroll == 16) k_stream_ld<8, 16><<<grid, kStreamThreads, 0, g_s>>>(a);
+          if (v.vb == 16 && v.unroll == 4) k_stream_ld<16, 4><<<grid, kStreamThreads, smem, g_s>>>(a);
+          if (v.vb == 16 && v.unroll == 8) k_stream_ld<16, 8><<<grid, kStreamThreads, smem, g_s>>>(a);
+          if (v.vb == 16 && v.unroll == 16) k_stream_ld<16, 16><<<grid, kStreamThreads, smem, g_s>>>(a);
+          if (v.vb == 8 && v.unroll == 8) k_stream_ld<8, 8><<<grid, kStreamThreads, smem, g_s>>>(a);
+          if (v.vb == 8 && v.unroll == 16) k_stream_ld<8, 16><<<grid, kStreamThreads, smem, g_s>>>(a);
           break;
         case 1: k_stream_cpasync<<<grid, kStreamThreads, smem, g_s>>>(a); break;
         case 2: k_stream_bulk<false><<<grid, kStreamThreads, smem, g_s>>>(a, map); break;
@@ -1100,9 +1146,10 @@ static void measure_stream() {
     }
     const bool ok = device_sum_u32(g_sink, (size_t)grid * kStreamThreads) == ref_sum;
     const double tbs = tensor_bytes / us / 1e6;
+    const long long inflight = v.kind == 0 ? (long long)occ * kStreamThreads * v.vb * v.unroll : (long long)occ * kStages * kStageBytes;
     t.rows.push_back({istr(C), W == C ? std::string("all ") + istr(C) : istr(W), istr(2 * W), v.name, istr(chunk_kb),
-                      interleave ? "interleaved" : "task", istr(occ), fmt("%.1f", us), fmt("%.3f", tbs),
-                      fmt("%.3f", tbs / g_copy_tbs), ok ? "yes" : "NO"});
+                      interleave ? "interleaved" : "task", istr(occ) + (cps ? "*" : ""), istr(inflight / 1024),
+                      fmt("%.1f", us), fmt("%.3f", tbs), fmt("%.3f", tbs / g_copy_tbs), ok ? "yes" : "NO"});
     if (!ok) fprintf(stderr, "stream check FAILED: C=%d W=%d %s\n", C, W, v.name);
   };
 
@@ -1111,19 +1158,27 @@ static void measure_stream() {
       if (C % W) continue;  // C=320 has no 128-channel windows
       for (const auto& v : vars) {
         if (v.vb == 8 && W != 64) continue;  // 8-B loads only for the 64-channel (128 B) case
-        run_one(C, W, v, 128, 0);
+        run_one(C, W, v, 128, 0, 0);
       }
     }
   // Full-width reference: the window is all of C, so each chunk is one contiguous range.
   for (const auto& v : vars)
-    if (v.vb == 16 && v.kind != 3) run_one(512, 512, v, 128, 0);
+    if (v.vb == 16 && v.kind != 3) run_one(512, 512, v, 128, 0, 0);
   // Chunk size and walk order, at C=128.
   for (int W : {32, 64})
     for (int vi : {1, 6}) {
-      run_one(128, W, vars[vi], 64, 0);
-      run_one(128, W, vars[vi], 192, 0);
-      run_one(128, W, vars[vi], 128, 1);
+      run_one(128, W, vars[vi], 64, 0, 0);
+      run_one(128, W, vars[vi], 192, 0, 0);
+      run_one(128, W, vars[vi], 128, 1, 0);
     }
+  // Bytes in flight per SM: few CTAs per SM, as in a register- or shared-memory-limited kernel.
+  for (int W : {64, 512}) {
+    const int C = W == 64 ? 128 : 512;
+    for (int cps : {1, 2, 4})
+      for (int vi : {0, 1, 2}) run_one(C, W, vars[vi], 128, 0, cps);
+    for (int cps : {1, 2})
+      for (int vi : {5, 6}) run_one(C, W, vars[vi], 128, 0, cps);
+  }
   emit(t);
 }
 
@@ -1154,6 +1209,8 @@ static const ProtoKernel kProtoKernels[] = {
 };
 struct ProtoCfg {
   int kern, cap_kb, cps, pcap;  // pcap: at most this many CTAs in the grid (0: all resident)
+  bool spread;                  // false ("fill"): chunks as large as the slab, k = chunks a task needs, spare
+                                // CTAs idle; true ("spread"): every resident CTA works, chunks get smaller
 };
 struct ProtoPlan {
   bool ok = false;
@@ -1213,11 +1270,16 @@ static ProtoPlan plan_proto(const Shape& sh, const ProtoCfg& cfg) {
   }
   int Pres = cfg.cps * g_dev.sms;
   if (cfg.pcap) Pres = std::min(Pres, cfg.pcap);
-  // Tasks per round and CTAs per task: fill the resident grid; a task with more rows than its CTAs hold
-  // overflows (each CTA then takes several chunks and re-reads all but its last).
+  // Tasks in flight (groups) and CTAs per task (k). A task with more rows than the whole resident grid holds
+  // overflows: all CTAs work on it, each takes several chunks and re-reads all but its last.
   const long long T = (a.rows + rows_cap - 1) / rows_cap;  // chunks a task needs at full capacity
-  a.ngroups = (int)std::min<long long>(a.ntasks, std::max<long long>(1, Pres / T));
-  a.k = Pres / a.ngroups;
+  if (T > Pres) {
+    a.ngroups = 1;
+    a.k = Pres;
+  } else {
+    a.ngroups = (int)std::min<long long>(a.ntasks, Pres / T);
+    a.k = cfg.spread ? Pres / a.ngroups : (int)T;
+  }
   a.chunk_rows = (int)std::min<long long>(rows_cap, (a.rows + a.k - 1) / a.k);
   a.nchunks = (int)((a.rows + a.chunk_rows - 1) / a.chunk_rows);
   a.stage_rows = std::max(1, 16384 / row_bytes);
@@ -1374,36 +1436,39 @@ static const Shape kShapes[] = {
 };
 static std::vector<ProtoCfg> proto_configs() {
   std::vector<ProtoCfg> v;
-  for (int ld : {0, 1}) {  // cp.async, bulk
-    v.push_back({ld, 64, 1, 0});
-    v.push_back({ld, 64, 2, 0});
-    v.push_back({ld + 2, 64, 3, 0});
-    v.push_back({ld, 96, 1, 0});
-    v.push_back({ld, 96, 2, 0});
-    v.push_back({ld, 192, 1, 0});
+  for (bool spread : {false, true}) {
+    for (int ld : {0, 1}) {  // cp.async, bulk (kernels 2 and 3: the 384-thread builds for 3 CTAs/SM)
+      v.push_back({ld, 64, 1, 0, spread});
+      v.push_back({ld, 64, 2, 0, spread});
+      v.push_back({ld + 2, 64, 3, 0, spread});
+      v.push_back({ld, 96, 1, 0, spread});
+      v.push_back({ld, 96, 2, 0, spread});
+      v.push_back({ld, 192, 1, 0, spread});
+    }
+    v.push_back({4, 0, 1, 0, spread});  // registers, 128 KB per CTA, 1 CTA/SM
+    v.push_back({5, 0, 2, 0, spread});  // registers, 64 KB per CTA, 2 CTAs/SM
+    v.push_back({6, 0, 3, 0, spread});  // registers, 32 KB per CTA, 3 CTAs/SM
   }
-  v.push_back({4, 0, 1, 0});  // registers, 128 KB per CTA, 1 CTA/SM
-  v.push_back({5, 0, 2, 0});  // registers, 64 KB per CTA, 2 CTAs/SM
-  v.push_back({6, 0, 3, 0});  // registers, 32 KB per CTA, 3 CTAs/SM
   return v;
 }
+// A "spread" configuration whose plan is the same as its "fill" twin is not run twice.
+static bool same_plan(const ProtoPlan& a, const ProtoPlan& b) {
+  return a.ok && b.ok && a.grid == b.grid && a.a.k == b.a.k && a.a.chunk_rows == b.a.chunk_rows;
+}
 
-struct SmallBest {
-  std::string shape, cfg;
-  double cold = 1e30, warm = 0, graph = 1e30;
-};
-static std::vector<SmallBest> g_small_best;
 static std::vector<std::string> g_summary;
 
 static void measure_onchip() {
   Table t{"onchip",
           "2. On-chip one-pass forward prototype (fp16 NHWC, G=32)",
           "TB/s counts 1 read + 1 write of the tensor; frac = / copy TB/s. cap = shared-memory slab per CTA (regs: "
-          "register slab). k = CTAs per task, conc = tasks in flight, chunks = most chunks one CTA takes (>1: "
-          "overflow, re-read from L2/DRAM). err = max|y - fp64 reference|; det = bitwise equal across runs.",
-          {"shape", "MiB", "loader", "cap KB", "CTAs/SM", "tasks", "k", "conc", "chunk KB", "chunks", "us", "TB/s",
-           "frac", "err", "det"},
-          5,
+          "register slab). policy fill: chunk = slab, k = chunks a task needs, spare CTAs idle; spread: every "
+          "resident CTA works (smaller chunks). k = CTAs per task, conc = tasks in flight, chunks = most chunks one "
+          "CTA takes (>1: overflow, the earlier ones re-read from L2/DRAM in the apply). err = max|y - fp64 "
+          "reference|; det = bitwise equal across runs.",
+          {"shape", "MiB", "loader", "cap KB", "CTAs/SM", "policy", "tasks", "k", "conc", "chunk KB", "chunks", "us",
+           "TB/s", "frac", "err", "det"},
+          6,
           {}};
   // Random gamma/beta around 1 and 0.
   {
@@ -1427,9 +1492,16 @@ static void measure_onchip() {
     for (const ProtoCfg& cfg : cfgs) {
       const ProtoKernel& K = kProtoKernels[cfg.kern];
       ProtoPlan P = plan_proto(sh, cfg);
+      if (cfg.spread) {
+        ProtoCfg twin = cfg;
+        twin.spread = false;
+        if (same_plan(P, plan_proto(sh, twin))) continue;
+      }
       const std::string cap = K.loader == LD_REG ? "regs " + istr(P.cap_bytes / 1024) : istr(cfg.cap_kb);
+      const char* policy = cfg.spread ? "spread" : "fill";
       if (!P.ok) {
-        t.rows.push_back({sh.name, fmt("%.1f", mib), K.name, cap, istr(cfg.cps), "-", "-", "-", "-", "-", "n/a", P.why, "", "", ""});
+        if (!cfg.spread)
+          t.rows.push_back({sh.name, fmt("%.1f", mib), K.name, cap, istr(cfg.cps), policy, "-", "-", "-", "-", "-", "n/a", P.why, "", "", ""});
         continue;
       }
       if (!cpu_done && std::string(sh.name) == "2x64x64x320") {
@@ -1441,14 +1513,15 @@ static void measure_onchip() {
       }
       const ProtoResult R = run_proto(sh, P, cfg, small);
       const double tbs = 2.0 * elems * 2 / R.us_cold / 1e6;
-      t.rows.push_back({sh.name, fmt("%.1f", mib), K.name, cap, istr(cfg.cps), istr(P.a.ntasks), istr(P.a.k),
+      t.rows.push_back({sh.name, fmt("%.1f", mib), K.name, cap, istr(cfg.cps), policy, istr(P.a.ntasks), istr(P.a.k),
                         istr(P.a.ngroups), fmt("%.1f", P.a.chunk_rows * P.a.Wc * 2 / 1024.0), istr(P.max_chunks_per_cta),
                         fmt("%.1f", R.us_cold), fmt("%.3f", tbs), fmt("%.3f", tbs / g_copy_tbs),
                         R.bad ? "UNWRITTEN " + istr(R.bad) : fmt("%.1e", R.maxdiff), R.det ? "yes" : "NO"});
       if (!R.ok) fprintf(stderr, "on-chip prototype output WRONG: %s %s cap %d cps %d\n", sh.name, K.name, cfg.cap_kb, cfg.cps);
       if (R.ok && R.us_cold < best) {
         best = R.us_cold;
-        best_cfg = std::string(K.name) + " cap " + cap + " KB, " + istr(cfg.cps) + " CTA/SM";
+        best_cfg = std::string(K.name) + " cap " + cap + " KB, " + istr(cfg.cps) + " CTA/SM, " + policy + ", k=" + istr(P.a.k) +
+                   ", chunk " + fmt("%.0f", P.a.chunk_rows * P.a.Wc * 2 / 1024.0) + " KB";
       }
     }
     g_summary.push_back(std::string("onchip ") + sh.name + ": best " + fmt("%.1f", best) + " us = " +
@@ -1508,7 +1581,14 @@ static void measure_barrier() {
     }
   }
   emit(t);
-  for (auto& r : t.rows) g_summary.push_back("barrier " + r[0] + " k=" + r[1] + ": " + r[3] + " ns");
+  std::string line = "barrier ns/barrier:";
+  std::string last;
+  for (auto& r : t.rows) {
+    if (r[0] != last) line += (last.empty() ? " " : "; ") + r[0] + ":";
+    last = r[0];
+    line += " k" + r[1] + "=" + r[3];
+  }
+  g_summary.push_back(line);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1574,6 +1654,7 @@ static void measure_l2() {
   t.note += " Empty phase: " + fmt("%.0f", empty_ns) + " ns.";
   for (int S : {8, 16, 24, 32, 48}) {
     const size_t bytes = (size_t)S * kMiB;
+    std::string line = "L2 S=" + istr(S) + " MiB re-read GB/s (x first read)";
     for (const Scen& sc : scens) {
       std::vector<double> t1, t3, e1, e3;
       L2Args a{reinterpret_cast<const uint4*>(g_bufA), bytes / 16, reinterpret_cast<uint4*>(g_bufB), bytes / 16,
@@ -1618,10 +1699,10 @@ static void measure_l2() {
       const double fg = bytes / f_ns, rg = bytes / r_ns;  // bytes per ns = GB/s
       t.rows.push_back({istr(S), sc.f, sc.i, sc.r, fmt("%.0f", fg), fmt("%.0f", rg), fmt("%.2f", rg / fg),
                         fmt("%.2f", med(e1)), fmt("%.2f", med(e3))});
-      if (sc.inter == INTER_NONE || sc.inter == INTER_WRITE || sc.inter == INTER_WRITE_EF)
-        g_summary.push_back("L2 S=" + istr(S) + " MiB first=" + sc.f + " between=" + sc.i + ": re-read " + fmt("%.0f", rg) +
-                            " GB/s vs first " + fmt("%.0f", fg) + " (x" + fmt("%.2f", rg / fg) + ")");
+      line += std::string(" | ") + sc.f + (sc.inter == INTER_NONE ? "" : std::string(", ") + sc.i) + ": " + fmt("%.0f", rg) + " (x" +
+              fmt("%.2f", rg / fg) + ")";
     }
+    g_summary.push_back(line);
   }
   // Leave no evict_last lines behind for later measurements.
   k_l2_reset_priority<<<g_dev.sms * 4, 256, 0, g_s>>>(g_bufA, 48 * kMiB);
@@ -1665,34 +1746,44 @@ static void measure_small() {
     g_summary.push_back("empty kernel: " + fmt("%.2f", one) + " us single (events), " + fmt("%.2f", gus) + " us/launch in a graph");
   }
   std::vector<ProtoCfg> cfgs;
-  for (int pcap : {0, 64, 32, 16})
-    for (int ld : {0, 1}) {
-      cfgs.push_back({ld, 64, 2, pcap});
-      cfgs.push_back({ld, 96, 2, pcap});
-      cfgs.push_back({ld, 192, 1, pcap});
-    }
-  cfgs.push_back({5, 0, 2, 0});
-  cfgs.push_back({5, 0, 2, 64});
+  for (bool spread : {false, true})
+    for (int pcap : {0, 64, 32, 16})
+      for (int ld : {0, 1}) {
+        cfgs.push_back({ld, 64, 2, pcap, spread});
+        cfgs.push_back({ld, 192, 1, pcap, spread});
+      }
+  for (bool spread : {false, true}) {
+    cfgs.push_back({5, 0, 2, 0, spread});
+    cfgs.push_back({4, 0, 1, 0, spread});
+  }
   for (const Shape& sh : kShapes) {
     const size_t elems = (size_t)sh.N * sh.H * sh.W * sh.C;
     if (elems * 2 >= 8 * kMiB) continue;
     reference_output(sh);
-    double best_g = 1e30, best_c = 1e30;
-    std::string bg, bc;
+    double best_g = 1e30, best_c = 1e30, best_w = 1e30;
+    std::string bg, bc, bw;
     for (const ProtoCfg& cfg : cfgs) {
       const ProtoKernel& K = kProtoKernels[cfg.kern];
       ProtoPlan P = plan_proto(sh, cfg);
       if (!P.ok) continue;
+      if (cfg.spread) {
+        ProtoCfg twin = cfg;
+        twin.spread = false;
+        if (same_plan(P, plan_proto(sh, twin))) continue;
+      }
       const ProtoResult R = run_proto(sh, P, cfg, true);
       const std::string c = std::string(K.name) + (K.loader == LD_REG ? "" : " " + istr(cfg.cap_kb) + "KB") + " " +
-                            istr(cfg.cps) + "/SM pcap " + (cfg.pcap ? istr(cfg.pcap) : std::string("-")) + " (k=" +
-                            istr(P.a.k) + ", conc " + istr(P.a.ngroups) + ")";
+                            istr(cfg.cps) + "/SM " + (cfg.spread ? "spread" : "fill") + " pcap " +
+                            (cfg.pcap ? istr(cfg.pcap) : std::string("-")) + " (grid " + istr(P.grid) + ", k=" + istr(P.a.k) +
+                            ", conc " + istr(P.a.ngroups) + ", chunk " + fmt("%.0f", P.a.chunk_rows * P.a.Wc * 2 / 1024.0) +
+                            " KB x" + istr(P.max_chunks_per_cta) + ")";
       t.rows.push_back({sh.name, c, fmt("%.2f", R.us_cold), fmt("%.2f", R.us_warm), fmt("%.2f", R.us_graph), R.ok && R.det ? "yes" : "NO"});
       if (R.ok && R.us_graph < best_g) best_g = R.us_graph, bg = c;
       if (R.ok && R.us_cold < best_c) best_c = R.us_cold, bc = c;
+      if (R.ok && R.us_warm < best_w) best_w = R.us_warm, bw = c;
     }
-    g_summary.push_back(std::string("small ") + sh.name + ": best single cold " + fmt("%.2f", best_c) + " us [" + bc + "]; best graph " +
-                        fmt("%.2f", best_g) + " us/launch [" + bg + "]");
+    g_summary.push_back(std::string("small ") + sh.name + ": best single launch cold L2 " + fmt("%.2f", best_c) + " us [" + bc +
+                        "]; warm " + fmt("%.2f", best_w) + " us [" + bw + "]; in a graph " + fmt("%.2f", best_g) + " us/launch [" + bg + "]");
   }
   emit(t);
 }
@@ -1773,6 +1864,7 @@ int main(int argc, char** argv) {
 
   auto section = [&](const char* name, void (*fn)()) {
     const double s = now_s();
+    printf("\n(%s: start at %.1f s)\n", name, s - t0);  // a hang (barrier, mbarrier) shows where in log.txt
     fn();
     printf("(%s took %.1f s)\n", name, now_s() - s);
   };
@@ -1783,7 +1875,12 @@ int main(int argc, char** argv) {
   section("l2", measure_l2);
   section("small", measure_small);
 
-  std::string summary = "device " + g_dev.name + ", " + istr(g_dev.sms) + " SMs; copy " + fmt("%.3f", g_copy_tbs) + " TB/s\n";
+  // The copy again, last: if it moved by more than a few percent, the clocks or the card's state drifted.
+  const double copy_first = g_copy_tbs;
+  const double us_again = median_us(2, 10, flush_l2, [&] { CK(cudaMemcpyAsync(g_bufB, g_bufA, kGiB, cudaMemcpyDeviceToDevice, g_s)); });
+  const double copy_again = 2.0 * kGiB / us_again / 1e6;
+  std::string summary = "device " + g_dev.name + ", " + istr(g_dev.sms) + " SMs; copy " + fmt("%.3f", copy_first) +
+                        " TB/s at the start, " + fmt("%.3f", copy_again) + " TB/s at the end (fractions use the first)\n";
   // Streaming: best variant per (C, W).
   for (auto& tb : g_tables)
     if (tb.id == "stream") {
@@ -1795,8 +1892,16 @@ int main(int argc, char** argv) {
         double best = 0;
         std::string bv;
         for (auto& r2 : tb.rows)
-          if ("C=" + r2[0] + " W=" + r2[1] == key && atof(r2[8].c_str()) > best) best = atof(r2[8].c_str()), bv = r2[3] + " chunk " + r2[4] + " " + r2[5];
+          if ("C=" + r2[0] + " W=" + r2[1] == key && atof(r2[9].c_str()) > best)
+            best = atof(r2[9].c_str()), bv = r2[3] + ", chunk " + r2[4] + " KB, " + r2[5] + ", " + r2[6] + " CTA/SM";
         summary += "stream " + key + ": best " + fmt("%.3f", best) + " TB/s = " + fmt("%.2f", best / g_copy_tbs) + " of copy (" + bv + ")\n";
+      }
+      // The forced-occupancy sweep: read TB/s against bytes in flight per SM.
+      for (const char* w : {"64", "all 512"}) {
+        std::string line = std::string("stream in flight, W=") + w + " (variant CTAs/SM KB/SM: TB/s):";
+        for (auto& r : tb.rows)
+          if (r[1] == w && r[6].find('*') != std::string::npos) line += " " + r[3] + " " + r[6] + " " + r[7] + "K: " + r[9] + ";";
+        summary += line + "\n";
       }
     }
   for (auto& s : g_summary) summary += s + "\n";
