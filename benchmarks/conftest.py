@@ -57,8 +57,7 @@ def foreign_impl(config: pytest.Config) -> tuple[str, Callable[..., Any]] | None
     """(spec, callable) of ``--gn-impl`` when it names a GroupNorm other than ours (pytest-gn resolves it)."""
     import pytest_gn
 
-    resolve = getattr(pytest_gn, "impl_under_test", None)  # TODO(issue 11): required once it lands
-    return resolve(config) if resolve is not None else None
+    return pytest_gn.impl_under_test(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

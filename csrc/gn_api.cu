@@ -40,6 +40,12 @@ int gn_onepass_occupancy(int device, int direction, int dtype, int vec, int smem
                         : gn::backward_occupancy(dtype, vec, smem, blocks_per_sm);
 }
 
+int gn_task_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm) {
+  const gn::DeviceGuard guard(device);
+  if (guard.status() != cudaSuccess) return guard.status();
+  return direction == 0 ? gn::task_forward_occupancy(dtype, vec, smem, blocks_per_sm) : cudaErrorNotSupported;
+}
+
 int gn_kernel_attributes(int device, int kind, int dtype, int vec, int* regs, int* static_smem,
                          int* local_bytes) {
   const gn::DeviceGuard guard(device);

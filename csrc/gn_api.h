@@ -39,6 +39,17 @@ typedef struct GnArgs {
   int32_t grid;      // one-pass grid
   int32_t smem;      // dynamic shared memory bytes of the kernel that runs the tiles
   int32_t device;    // CUDA device ordinal the tensors live on
+  // ---- task architecture (arch == 2; schedule.TaskTiling / TaskPlan). A task is one sample times
+  // one window of `window` channels holding whole groups; its rows are cut into tiles (the
+  // reduction units) and each tile streams through shared memory in chunks of `chunk_rows` rows.
+  int32_t arch;          // 1: tiles + levels (legacy), 2: tasks
+  int32_t slots;         // chunks one block holds in shared memory
+  int32_t team_size;     // blocks that share one task (one-pass)
+  int32_t teams;         // teams of the one-pass grid; team j runs tasks j, j + teams, ...
+  int64_t window;        // channels per task
+  int64_t tiles_per_task;
+  int64_t chunk_rows;    // rows per shared-memory chunk, a multiple of rows_threads
+  uint32_t* sync;        // persistent zeroed words: [epoch, exits, arrivals[tasks], flags[tasks]]
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.
@@ -46,6 +57,8 @@ int gn_forward(const GnArgs* args, void* stream);
 int gn_backward(const GnArgs* args, void* stream);
 // Co-resident blocks per SM of the one-pass kernel for (direction 0 fwd / 1 bwd, dtype, vec, smem).
 int gn_onepass_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm);
+// The same for the one-pass kernel of the task architecture (arch 2; forward only so far).
+int gn_task_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm);
 // Registers, static shared memory and local memory of one kernel (kind: see gn_kernels.cuh).
 int gn_kernel_attributes(int device, int kind, int dtype, int vec, int* regs, int* static_smem,
                          int* local_bytes);

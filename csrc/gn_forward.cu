@@ -1,6 +1,8 @@
-// Forward GroupNorm kernels (one-pass cooperative and two-pass) and their launcher.
+// Forward GroupNorm kernels (one-pass cooperative and two-pass) and their launcher: the tile +
+// level kernels (arch 1) and the task kernels (arch 2, gn_tasks.cuh).
 #include "gn_dispatch.cuh"
 #include "gn_launch.h"
+#include "gn_tasks.cuh"
 
 namespace gn {
 
@@ -61,6 +63,95 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
   record(a, 2, applied);
 }
 
+// ---------------------------------------------------------------- task architecture
+// One launch: a persistent grid of teams; team j runs tasks j, j + teams, ...; each member reduces
+// its tiles, the last to arrive combines, every member applies from the chunks it kept.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
+  const TaskSmem<T> sm(a);
+  const unsigned target = launch_epoch(a) + 1;
+  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  int64_t tiles_done = 0, reread = 0;
+  if (team < a.teams) {
+    const int64_t t0 = member * a.tiles_per_task / a.team_size;
+    const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
+    for (int64_t task = team; task < task_count(a); task += a.teams) {
+      member_stats<T, V>(a, task, t0, t1, sm);
+      if (arrive(arrivals(a) + task, a.team_size)) {
+        combine_task<T>(a, task, task_partials(a, task));
+        if (threadIdx.x == 0) store_release(flags(a) + task, target);
+      } else {
+        if (threadIdx.x == 0) {
+          while (load_acquire(flags(a) + task) != target) __nanosleep(64);
+        }
+        __syncthreads();
+      }
+      reread += member_apply<T, V>(a, task, t0, t1, sm, true);
+      tiles_done += t1 - t0;
+    }
+  }
+  record(a, 1, static_cast<int>(tiles_done));
+  record(a, 2, static_cast<int>(tiles_done));
+  record(a, 3, static_cast<int>(reread));
+  if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+  finish_launch(a);
+}
+
+// Two launches, one block per tile: partials (the last block of a task combines), then y.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
+  const TaskSmem<T> sm(a);
+  const int64_t task = blockIdx.x / a.tiles_per_task, tile = blockIdx.x % a.tiles_per_task;
+  member_stats<T, V>(a, task, tile, tile + 1, sm);
+  if (arrive(arrivals(a) + task, static_cast<unsigned>(a.tiles_per_task))) {
+    combine_task<T>(a, task, task_partials(a, task));
+  }
+  record(a, 1, 1);
+  if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+}
+
+// Tiles in reverse order, so the tiles the stats launch read last (still in L2) go first.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
+  const TaskSmem<T> sm(a);
+  const int64_t b = static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x;
+  const int64_t task = b / a.tiles_per_task, tile = b % a.tiles_per_task;
+  const int64_t reread = member_apply<T, V>(a, task, tile, tile + 1, sm, false);
+  record(a, 2, 1);
+  record(a, 3, static_cast<int>(reread));
+}
+
+template <typename Cfg>
+int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
+  using T = typename Cfg::type;
+  constexpr int V = Cfg::vec;
+  cudaError_t err;
+  if (a.schedule == 1) {
+    const void* kernel = reinterpret_cast<const void*>(fwd_task_onepass<T, V>);
+    if ((err = allow_smem(kernel, a.smem)) != cudaSuccess) return err;
+    GnArgs copy = a;
+    void* params[] = {&copy};
+    err = cudaLaunchCooperativeKernel(kernel, dim3(a.grid), dim3(kThreads), params, a.smem, stream);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  }
+  const unsigned blocks = static_cast<unsigned>(a.n * (a.c / a.window) * a.tiles_per_task);
+  if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_stats<T, V>), a.smem)) != cudaSuccess) return err;
+  if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_apply<T, V>), a.smem)) != cudaSuccess) return err;
+  fwd_task_stats<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  fwd_task_apply<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+int task_forward_occupancy(int dtype, int vec, int smem, int* blocks) {
+  return visit_config(dtype, vec, [&](auto cfg) {
+    using C = decltype(cfg);
+    return static_cast<int>(
+        occupancy_of(reinterpret_cast<const void*>(fwd_task_onepass<typename C::type, C::vec>), smem, blocks));
+  });
+}
+
+// ---------------------------------------------------------------- tiles + levels
 template <typename Cfg>
 int launch_forward(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
@@ -95,6 +186,7 @@ extern "C" int gn_forward(const GnArgs* args, void* stream) {
   const gn::DeviceGuard guard(args->device);
   if (guard.status() != cudaSuccess) return guard.status();
   return gn::visit_config(args->dtype, args->vec, [&](auto cfg) {
-    return gn::launch_forward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
+    return args->arch == 2 ? gn::launch_forward_tasks<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream))
+                           : gn::launch_forward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
   });
 }

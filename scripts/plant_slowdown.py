@@ -26,11 +26,13 @@ def plant(src: Path, dst: Path) -> None:
         text = path.read_text()
         site = f'extern "C" int {entry}(const GnArgs* args, void* stream) {{'
         if text.count(site) != 1:
-            raise SystemExit(f"plant_slowdown.py: the entry point {entry} in {filename} moved; update ENTRIES")
+            raise SystemExit(
+                f"plant_slowdown.py: the entry point {entry} in {filename} moved; update ENTRIES"
+            )
         once = f"{entry}_once_planted"
         text = text.replace(site, f"static int {once}(const GnArgs* args, void* stream) {{")
         text += (
-            f'\n// PLANTED (scripts/plant_slowdown.py): every call does its GPU work twice.\n'
+            f"\n// PLANTED (scripts/plant_slowdown.py): every call does its GPU work twice.\n"
             f'extern "C" int {entry}(const GnArgs* args, void* stream) {{\n'
             f"  const int err = {once}(args, stream);\n"
             f"  return err != 0 ? err : {once}(args, stream);\n"

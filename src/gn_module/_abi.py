@@ -67,6 +67,14 @@ class GnArgs(ctypes.Structure):
         ("grid", _i32),
         ("smem", _i32),
         ("device", _i32),
+        ("arch", _i32),
+        ("slots", _i32),
+        ("team_size", _i32),
+        ("teams", _i32),
+        ("window", _i64),
+        ("tiles_per_task", _i64),
+        ("chunk_rows", _i64),
+        ("sync", _p),
     ]
 
 
@@ -76,6 +84,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.gn_forward.argtypes = [ctypes.POINTER(GnArgs), _p]
     lib.gn_backward.argtypes = [ctypes.POINTER(GnArgs), _p]
     lib.gn_onepass_occupancy.argtypes = [ctypes.c_int] * 5 + [ip]
+    lib.gn_task_occupancy.argtypes = [ctypes.c_int] * 5 + [ip]
     lib.gn_kernel_attributes.argtypes = [ctypes.c_int] * 4 + [ip, ip, ip]
     lib.gn_runtime_arch.argtypes = [ctypes.c_int, ip]
     lib.gn_error_string.argtypes = [ctypes.c_int]
@@ -85,6 +94,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.gn_forward,
         lib.gn_backward,
         lib.gn_onepass_occupancy,
+        lib.gn_task_occupancy,
         lib.gn_kernel_attributes,
         lib.gn_runtime_arch,
         lib.gn_abi_size,

@@ -35,7 +35,7 @@ from pathlib import Path
 from gn_module import _abi
 
 SOURCES = ("gn_forward.cu", "gn_backward.cu", "gn_api.cu")
-HEADERS = ("gn_api.h", "gn_launch.h", "gn_kernels.cuh", "gn_dispatch.cuh")
+HEADERS = ("gn_api.h", "gn_launch.h", "gn_kernels.cuh", "gn_tasks.cuh", "gn_dispatch.cuh")
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo")
 
 _loaded: dict[str, ctypes.CDLL] = {}

@@ -19,6 +19,11 @@ from gn_module import _abi, build, schedule
 from gn_module.schedule import KernelResources, Plan, Tiling
 
 ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
+#: Kernel architecture of the forward: "tiles" (tile partials + reduction levels, the proven path
+#: and default) or "tasks" (csrc/gn_tasks.cuh: per-task tiles kept in shared memory; opt-in until
+#: the GPU suite has passed on it).
+ENV_ARCH = "GN_ARCH"
+ARCHS = ("tiles", "tasks")
 
 # Caps and variants are process-wide (not thread-local): autograd runs backward on its own thread.
 _settings_lock = threading.Lock()
@@ -77,6 +82,14 @@ def build_variant(variant: str | None) -> Iterator[None]:
 
 def current_variant() -> str | None:
     return _variants[-1] if _variants else None
+
+
+def current_arch() -> str:
+    """The forward kernel architecture in force (GN_ARCH; default "tiles")."""
+    arch = os.environ.get(ENV_ARCH, "tiles").strip() or "tiles"
+    if arch not in ARCHS:
+        raise ValueError(f"{ENV_ARCH} must be one of {ARCHS}, got {arch!r}")
+    return arch
 
 
 @contextlib.contextmanager
@@ -161,6 +174,26 @@ def onepass_residency(t: Tiling, dtype: str | torch.dtype, device: torch.device 
     return per_sm * _sm_count(index)
 
 
+@functools.cache
+def _task_occupancy(index: int, variant: str | None, direction: str, dtype: str, vec: int, smem: int) -> int:
+    lib = library(index, variant)
+    blocks = ctypes.c_int(0)
+    code = lib.gn_task_occupancy(
+        index, _abi.DIRECTION_CODES[direction], _abi.DTYPE_CODES[dtype], vec, smem, ctypes.byref(blocks)
+    )
+    return blocks.value if code == 0 else 0
+
+
+@functools.cache
+def _task_smem_budget(index: int) -> int:
+    """Dynamic shared memory per block for TASK_BLOCKS_PER_SM blocks per SM on this device."""
+    props = torch.cuda.get_device_properties(index)
+    per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
+    per_block = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
+    budget = per_sm // schedule.TASK_BLOCKS_PER_SM - 1024 - 128
+    return max(0, min(per_block, budget) // 128 * 128)
+
+
 def kernel_resources(
     kind: str, dtype: str | torch.dtype, vec: int, device: torch.device | int | None = None
 ) -> KernelResources:
@@ -219,6 +252,45 @@ def choose_schedule(t: Tiling, batch: int, residency: int) -> int:
     return 2
 
 
+def task_plan(
+    shape: tuple[int, ...] | torch.Size,
+    num_groups: int,
+    dtype: str | torch.dtype,
+    direction: str,
+    schedule_: int | str = "auto",
+    device: torch.device | int | None = None,
+    *,
+    aligned: bool = True,
+    cap: int | None = None,
+) -> schedule.TaskPlan | None:
+    """The task-architecture plan for this device, or None where the task kernels do not apply."""
+    if direction != "fwd":
+        return None
+    n, s, c = _nsc(shape)
+    name = _dtype_name(dtype)
+    t = schedule.task_tiling(c, num_groups, s, schedule.ITEMSIZE[name], direction, batch=n, aligned=aligned)
+    if t is None:
+        return None
+    index = _device_index(device)
+    slots = schedule.task_slots(t, _task_smem_budget(index))
+    if slots < 1:
+        return None
+    smem = schedule.task_smem_bytes(t, slots)
+    residency = _task_occupancy(index, current_variant(), direction, name, t.vec, smem) * _sm_count(index)
+    cap = current_cap() if cap is None else cap
+    chosen = schedule_
+    if chosen == "auto":
+        if residency < 1:
+            chosen = 2
+        else:
+            teams = schedule.choose_teams(t, residency if cap is None else min(residency, cap), slots)
+            chosen = 1 if teams.overflow_chunks == 0 else 2
+    chosen = int(chosen)
+    if chosen == 1 and residency < 1:
+        raise RuntimeError(f"gn_module: the one-pass task kernel cannot run C={c} {name} on this device")
+    return schedule.make_task_plan(t, chosen, slots, residency, cap)
+
+
 def plan(
     shape: tuple[int, ...] | torch.Size,
     num_groups: int,
@@ -234,6 +306,10 @@ def plan(
 
     `cap` defaults to the cap in force (`max_resident_blocks`, GN_MAX_RESIDENT_BLOCKS).
     """
+    if current_arch() == "tasks":
+        tp = task_plan(shape, num_groups, dtype, direction, schedule_, device, aligned=aligned, cap=cap)
+        if tp is not None:
+            return tp  # type: ignore[return-value]
     n, s, c = _nsc(shape)
     name = _dtype_name(dtype)
     t = schedule.tiling(c, num_groups, s, schedule.ITEMSIZE[name], direction, batch=n, aligned=aligned)
@@ -265,6 +341,8 @@ def _args(
     device_index: int,
 ) -> _abi.GnArgs:
     """GnArgs from the plan, without data pointers. `param_dtype`: weight's (or bias's) dtype."""
+    if isinstance(p, schedule.TaskPlan):
+        return _task_args(p, dtype, eps, act, param_dtype, device_index)
     t = p.tiling
     a = _abi.GnArgs()
     a.n, a.s, a.c, a.g = p.batch, t.rows, t.channels, t.groups
@@ -293,6 +371,50 @@ def _args(
     return a
 
 
+def _task_args(
+    p: schedule.TaskPlan,
+    dtype: torch.dtype,
+    eps: float,
+    act: str | None,
+    param_dtype: torch.dtype | None,
+    device_index: int,
+) -> _abi.GnArgs:
+    t = p.tiling
+    a = _abi.GnArgs()
+    a.arch = 2
+    a.n, a.s, a.c, a.g = t.batch, t.rows, t.channels, t.groups
+    a.rows_per_tile, a.tiles_per_slice = t.rows_per_tile, t.tiles_per_task
+    a.off_partials, a.nlevels, a.fanin = 0, 0, schedule.FANIN
+    a.dtype = _abi.DTYPE_CODES[_dtype_name(dtype)]
+    a.w_dtype = _abi.DTYPE_CODES[_dtype_name(param_dtype)] if param_dtype is not None else 0
+    a.vec, a.cols_threads, a.col_chunks, a.rows_threads = t.vec, t.cols_threads, 1, t.rows_threads
+    a.act = _abi.ACT_CODES[act]
+    a.eps = eps
+    a.schedule, a.grid, a.smem = p.schedule, p.grid, p.smem
+    a.device = device_index
+    a.slots = p.slots
+    a.team_size, a.teams = (p.teams.team_size, p.teams.teams) if p.teams is not None else (1, 1)
+    a.window, a.tiles_per_task, a.chunk_rows = t.window, t.tiles_per_task, t.chunk_rows
+    return a
+
+
+# Synchronisation words of the task kernels, per (device, stream): zeroed once, left zeroed by every
+# launch (arrival counters reset by their last arriver, flags compared against a launch epoch).
+# One buffer per stream, because two launches in flight on different streams must not share it.
+_sync_buffers: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _sync_buffer(device: torch.device, stream: int, words: int) -> torch.Tensor:
+    key = (device.index, stream)
+    buf = _sync_buffers.get(key)
+    if buf is None or buf.numel() < words:
+        # grow geometrically; the old buffer's pending launches are stream-ordered before its reuse
+        size = max(words, 2 * (buf.numel() if buf is not None else 0), 1024)
+        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        _sync_buffers[key] = buf
+    return buf
+
+
 @functools.lru_cache(maxsize=4096)
 def _launch_template(
     shape: tuple[int, ...],
@@ -307,6 +429,7 @@ def _launch_template(
     eps: float,
     act: int,
     param_dtype: torch.dtype | None,
+    arch: str = "tiles",
 ) -> tuple[Plan, bytes]:
     """Plan and the pointer-free part of GnArgs for one call signature (cached: the hot path
     only copies the template and fills in data pointers)."""
@@ -349,6 +472,7 @@ def _prepare(
         eps,
         act,
         None if param is None else param.dtype,
+        current_arch(),
     )
     return p, _abi.GnArgs.from_buffer_copy(raw)
 
@@ -360,15 +484,19 @@ def _run(direction: str, p: Plan, a: _abi.GnArgs, x: torch.Tensor) -> None:
     rec_tensor = torch.zeros(4, dtype=torch.int32, device=x.device) if records else None
     a.record = _ptr(rec_tensor)
     stream = torch.cuda.current_stream(x.device).cuda_stream
+    if isinstance(p, schedule.TaskPlan):
+        a.sync = _sync_buffer(x.device, stream, p.sync_words).data_ptr()
     fn = lib.gn_forward if direction == "fwd" else lib.gn_backward
     _check(lib, fn(ctypes.byref(a), ctypes.c_void_p(stream)), f"GroupNorm {direction} launch")
     if rec_tensor is not None:
-        grid, phase1, applied, _ = rec_tensor.tolist()
+        grid, phase1, applied, reread = rec_tensor.tolist()
         entry = {
             "grid": grid,
             "tiles_phase1": phase1,
             "tiles_applied": applied,
+            "chunks_reread": reread,
             "schedule": p.schedule,
+            "arch": getattr(p, "arch", 1),
             "plan": p,
         }
         for r in records:

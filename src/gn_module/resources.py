@@ -36,6 +36,9 @@ KERNELS = (
     "bwd_tiles",
     "bwd_combine",
     "bwd_apply",
+    "fwd_task_onepass",
+    "fwd_task_stats",
+    "fwd_task_apply",
 )
 # Itanium-mangled template arguments we name; anything else keeps the raw name.
 _TYPE_CODES = {"f": "fp32", "d": "fp64", "6__half": "fp16", "13__nv_bfloat16": "bf16"}

@@ -327,3 +327,267 @@ def slice_for_tiles(channels: int, groups: int, itemsize: int, direction: str, b
 
 def elements(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+# ================================================================ task architecture (arch 2)
+# A task is one sample times a window of channels that holds whole groups; see csrc/gn_tasks.cuh.
+
+#: A window's row segment is read as whole 128-byte lines (H200: 4.19 TB/s at 128 B per row
+#: against 3.6 TB/s at 64 B), so windows are lcm(channels per group, 128 B / itemsize) channels.
+WINDOW_BYTES = 128
+#: Bytes of one shared-memory chunk; a tile (the reduction unit) is one or more whole chunks, as
+#: many as keep a task within MAX_TILES_PER_TASK tiles, which bounds the combine (it reads tiles x
+#: groups partials).
+CHUNK_BYTES = 16 * 1024
+MAX_TILES_PER_TASK = 256
+#: Most chunks a block holds (csrc kMaxSlots: the copy pipeline waits with immediates 0..7).
+MAX_SLOTS = 8
+#: Persistent blocks per SM the one-pass grid aims for: two, so that one block's wait for its
+#: task's other blocks overlaps the other's copies.
+TASK_BLOCKS_PER_SM = 2
+#: Per-round overhead of a one-pass team (barrier, combine), in chunk-equivalents of time.
+ROUND_OVERHEAD_CHUNKS = 1
+
+
+def _lcm(a: int, b: int) -> int:
+    return a * b // math.gcd(a, b)
+
+
+def task_window(channels: int, groups: int, itemsize: int) -> int:
+    """Channels per task: lcm(channels per group, WINDOW_BYTES / itemsize), or all of C when that
+    does not divide C."""
+    w = _lcm(channels // groups, max(1, WINDOW_BYTES // itemsize))
+    return w if w <= channels and channels % w == 0 else channels
+
+
+@dataclass(frozen=True)
+class TaskTiling:
+    """Tasks, tiles and chunks of one launch, and how a block's threads cover a chunk.
+
+    Depends on the shape, dtype and alignment only (never on the device, schedule or cap).
+    """
+
+    direction: str
+    channels: int
+    groups: int
+    rows: int  # S, rows per sample
+    batch: int
+    itemsize: int
+    window: int  # channels per task
+    vec: int  # channels per thread access
+    cols_threads: int
+    rows_threads: int
+    rows_per_tile: int
+    tiles_per_task: int
+    chunk_rows: int  # rows per shared-memory chunk, a multiple of rows_threads
+
+    @property
+    def tasks(self) -> int:
+        return self.batch * (self.channels // self.window)
+
+    @property
+    def tiles(self) -> int:
+        return self.tasks * self.tiles_per_task
+
+    @property
+    def groups_per_window(self) -> int:
+        return self.window // (self.channels // self.groups)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.window * self.itemsize
+
+    @property
+    def chunks_per_tile(self) -> int:
+        return -(-self.rows_per_tile // self.chunk_rows)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Shared memory of one chunk slot (16-byte aligned)."""
+        return _round_up(self.chunk_rows * self.row_bytes, 16)
+
+
+def task_tiling(
+    channels: int,
+    groups: int,
+    rows: int,
+    itemsize: int,
+    direction: str,
+    *,
+    batch: int = 1,
+    aligned: bool = True,
+) -> TaskTiling | None:
+    """The task tiling, or None when the task kernels do not cover the shape (a window wider than
+    THREADS vectors, or an empty tensor)."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if channels < 1 or groups < 1 or channels % groups:
+        raise ValueError(f"expected num_channels ({channels}) divisible by num_groups ({groups})")
+    if rows < 1 or batch < 1:
+        return None
+    window = task_window(channels, groups, itemsize)
+    full = VEC_BYTES // itemsize
+    vec = full if (aligned and (window * itemsize) % VEC_BYTES == 0) else 1
+    cols = window // vec
+    if cols > THREADS:
+        return None
+    rows_threads = THREADS // cols
+    row_bytes = window * itemsize
+    # Chunks are whole rows-thread strides (a thread keeps its rows across chunks); tiles are
+    # whole chunks, at least one, and as many as keep a task within MAX_TILES_PER_TASK tiles.
+    chunk_rows = max(rows_threads, CHUNK_BYTES // row_bytes // rows_threads * rows_threads)
+    chunk_rows = min(chunk_rows, _round_up(rows, rows_threads))
+    rows_per_tile = max(chunk_rows, _round_up(-(-rows // MAX_TILES_PER_TASK), chunk_rows))
+    rows_per_tile = min(rows_per_tile, rows)
+    return TaskTiling(
+        direction=direction,
+        channels=channels,
+        groups=groups,
+        rows=rows,
+        batch=batch,
+        itemsize=itemsize,
+        window=window,
+        vec=vec,
+        cols_threads=cols,
+        rows_threads=rows_threads,
+        rows_per_tile=rows_per_tile,
+        tiles_per_task=-(-rows // rows_per_tile),
+        chunk_rows=chunk_rows,
+    )
+
+
+def task_smem_bytes(t: TaskTiling, slots: int) -> int:
+    """Dynamic shared memory of the task kernels (csrc TaskSmem): chunk slots, column scratch,
+    per-channel totals and per-group accumulators."""
+    width = t.cols_threads * t.vec
+    scratch = _round_up(max(THREADS // 32, t.rows_threads) * width * 4, 16)
+    return slots * t.chunk_bytes + scratch + width * 8 + t.groups_per_window * 8
+
+
+def task_slots(t: TaskTiling, smem_budget: int) -> int:
+    """Chunks a block can hold within `smem_budget` bytes (1..MAX_SLOTS; 0 if not even one)."""
+    fixed = task_smem_bytes(t, 0)
+    return max(0, min(MAX_SLOTS, (smem_budget - fixed) // t.chunk_bytes))
+
+
+def task_smem_budget(limits: DeviceLimits, blocks_per_sm: int = TASK_BLOCKS_PER_SM) -> int:
+    """Dynamic shared memory per block when `blocks_per_sm` blocks share an SM (static shared
+    memory of the kernels, 16 bytes, and the driver's reserve per block are left out)."""
+    per_block = limits.smem_per_sm // blocks_per_sm - limits.reserved_smem_per_block - 128
+    return max(0, min(limits.max_smem_per_block, per_block) // 128 * 128)
+
+
+@dataclass(frozen=True)
+class TaskTeams:
+    """How a one-pass grid of `grid` blocks is split into teams that share tasks."""
+
+    team_size: int
+    teams: int
+    rounds: int  # tasks per team, rounded up
+    chunks_per_member: int  # the most chunks one member reduces per task
+    overflow_chunks: int  # of those, the ones it cannot keep on chip (read again)
+
+
+def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
+    """The team size that minimizes the busiest block's traffic (in chunks: read, write, re-read)
+    plus a per-round overhead, for `blocks` resident blocks that hold `slots` chunks each."""
+    if blocks < 1 or slots < 1:
+        raise ValueError(f"need blocks >= 1 and slots >= 1, got {blocks} and {slots}")
+    best: tuple[float, TaskTeams] | None = None
+    for m in range(1, min(t.tiles_per_task, blocks) + 1):
+        teams = min(blocks // m, t.tasks)
+        rounds = -(-t.tasks // teams)
+        chunks = -(-t.tiles_per_task // m) * t.chunks_per_tile
+        overflow = max(0, chunks - slots)
+        cost = rounds * (2 * chunks + overflow + ROUND_OVERHEAD_CHUNKS)
+        if best is None or cost < best[0]:
+            best = (cost, TaskTeams(m, teams, rounds, chunks, overflow))
+    assert best is not None
+    return best[1]
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """One launch of the task kernels: what `ops` fills GnArgs from and the plugin reads."""
+
+    tiling: TaskTiling
+    schedule: int  # 1 = one launch (teams, chunks kept on chip), 2 = stats launch + apply launch
+    slots: int
+    residency: int  # co-resident one-pass blocks on the device (0: one-pass impossible)
+    cap: int | None
+    grid: int  # blocks launched (one-pass: teams x team size; two-pass: tiles)
+    teams: TaskTeams | None  # one-pass only
+    workspace_floats: dict[str, int] = field(default_factory=dict)
+    arch: int = 2
+
+    @property
+    def direction(self) -> str:
+        return self.tiling.direction
+
+    @property
+    def batch(self) -> int:
+        return self.tiling.batch
+
+    @property
+    def tiles(self) -> int:
+        return self.tiling.tiles
+
+    @property
+    def overflow_tiles(self) -> int:
+        """Tiles beyond one per launched block (as in the tile architecture's plans)."""
+        return max(0, self.tiles - self.grid)
+
+    @property
+    def waves(self) -> int:
+        return -(-self.tiles // self.grid) if self.grid else 0
+
+    @property
+    def smem(self) -> int:
+        return task_smem_bytes(self.tiling, self.slots)
+
+    @property
+    def sync_words(self) -> int:
+        """Persistent synchronisation words: epoch, exits, then arrivals and flags per task."""
+        return 2 + 2 * self.tiling.tasks
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 4 * sum(self.workspace_floats.values())
+
+    def describe(self) -> dict:
+        out = asdict(self)
+        out.update(smem=self.smem, workspace_bytes=self.workspace_bytes, tiles=self.tiles)
+        return out
+
+
+def make_task_plan(
+    t: TaskTiling, schedule: int, slots: int, residency: int, cap: int | None = None
+) -> TaskPlan:
+    """Grid, teams and workspace of the task kernels for `t`, with `slots` chunks per block and
+    `residency` co-resident one-pass blocks on the device."""
+    if schedule not in (1, 2):
+        raise ValueError(f"schedule must be 1 (one-pass) or 2 (two-pass), got {schedule!r}")
+    if cap is not None and cap < 1:
+        raise ValueError(f"residency cap must be >= 1, got {cap}")
+    if not 1 <= slots <= MAX_SLOTS:
+        raise ValueError(f"slots must be in 1..{MAX_SLOTS}, got {slots}")
+    partials = 2 * t.tasks * t.groups_per_window * t.tiles_per_task
+    teams = None
+    if schedule == 1:
+        blocks = residency if cap is None else min(residency, cap)
+        if blocks < 1:
+            raise ValueError("the one-pass schedule needs at least one resident block")
+        teams = choose_teams(t, blocks, slots)
+        grid = teams.teams * teams.team_size
+    else:
+        grid = t.tiles
+    return TaskPlan(
+        tiling=t,
+        schedule=schedule,
+        slots=slots,
+        residency=residency,
+        cap=cap,
+        grid=grid,
+        teams=teams,
+        workspace_floats={"partials": partials},
+    )
