@@ -3,6 +3,7 @@
     python scripts/plant_bug.py all-archs        # every overflow tile skips the backward reductions
     python scripts/plant_bug.py --list           # every planting: name, file, the bug, its catchers
     python scripts/plant_bug.py --check          # exit 1 if a planting site is gone (CPU test too)
+    python scripts/plant_bug.py --select NAME    # the -k expression of the cases that exercise it
 
 Point GN_CSRC_DIR at the printed folder to build and run the kernels with the bug (planted_bug.sh,
 planted_sm80_sweep.sh, issue11_gpu.sh). Each planting names its file, the exact source text it
@@ -134,12 +135,18 @@ def main(argv: list[str]) -> int:
             before = "blind before issue 11" if p.blind_before else "caught before too"
             print(f"{name}\t{p.file}\t{p.bug}\t-k {p.select!r}\t{before}")
         return 0
+    if len(argv) == 2 and argv[0] == "--select" and argv[1] in PLANTINGS:
+        print(PLANTINGS[argv[1]].select)
+        return 0
     if argv == ["--check"]:
         problems = missing_sites()
         print("\n".join(problems) or f"all {len(PLANTINGS)} planting sites found", file=sys.stderr)
         return 1 if problems else 0
     if len(argv) != 1 or argv[0] not in PLANTINGS:
-        print(f"usage: plant_bug.py {{{','.join(PLANTINGS)}}} | --list | --check", file=sys.stderr)
+        print(
+            f"usage: plant_bug.py {{{','.join(PLANTINGS)}}} | --list | --check | --select NAME",
+            file=sys.stderr,
+        )
         return 2
     try:
         print(plant(argv[0]))
