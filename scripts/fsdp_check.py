@@ -568,7 +568,7 @@ def main() -> int:
         "--out", default=None, help="folder for logs, checkpoints, results. Default: a temporary one"
     )
     p.add_argument("--json", default=None, help="write all results and checks to this JSON file")
-    p.add_argument("--group-timeout", type=int, default=240, help="seconds per device count. Default: 240")
+    p.add_argument("--group-timeout", type=int, default=270, help="seconds per device count. Default: 270")
     p.add_argument("--pg-timeout", type=int, default=90, help="collective timeout in seconds. Default: 90")
     p.add_argument("--worker-devices", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-configs", default=None, help=argparse.SUPPRESS)

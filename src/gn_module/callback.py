@@ -79,7 +79,8 @@ class GNSwapCallback(Callback):
        state_dict keys are the same), before the strategy materializes meta-device parameters, converts
        the precision, moves and wraps the model (DDP, FSDP1's auto-wrap) and builds the optimizers.
     4. The first batch: every swapped layer records its input dtype, weight dtype and, when torch's
-       path ran instead of our kernels, the reason; a rank-zero log names them (``first_calls``).
+       path ran instead of our kernels, the reason; a rank-zero log names them (``first_calls``), a
+       warning when that happened on CUDA. Code run under torch.compile records nothing.
     5. ``teardown``: optionally the original layers come back (``restore_on_teardown``).
 
     Under DDP and a single device the layers are replaced by new `gn_module.GroupNorm` objects that reuse

@@ -9,7 +9,8 @@ SiLU fusion only happens where it is structurally safe:
     becomes ``GroupNorm(act="silu")`` and the SiLU slot becomes `SiLUSlot` (an `nn.Identity`), so
     indices and state_dict keys do not move;
   * timm's ``GroupNormAct`` with an ``nn.SiLU`` act and no dropout.
-It is declined when either layer has hooks, or the GroupNorm instance also appears elsewhere.
+It is declined when either layer has forward or backward hooks, or the GroupNorm instance also appears
+elsewhere.
 """
 
 from __future__ import annotations
