@@ -49,7 +49,7 @@ typedef struct GnArgs {
   int64_t window;        // channels per task
   int64_t tiles_per_task;
   int64_t chunk_rows;    // rows per shared-memory chunk, a multiple of rows_threads
-  uint32_t* sync;        // persistent zeroed words: [epoch, exits, arrivals[tasks], flags[tasks]]
+  uint32_t* sync;        // persistent zeroed words: epoch, exits, then (arrivals, flag) per task
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

@@ -77,12 +77,12 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
     const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       member_stats<T, V>(a, task, t0, t1, sm);
-      if (arrive(arrivals(a) + task, a.team_size)) {
+      if (arrive(arrivals(a, task), a.team_size)) {
         combine_task<T>(a, task, task_partials(a, task));
-        if (threadIdx.x == 0) store_release(flags(a) + task, target);
+        if (threadIdx.x == 0) store_release(flags(a, task), target);
       } else {
         if (threadIdx.x == 0) {
-          while (load_acquire(flags(a) + task) != target) __nanosleep(64);
+          while (load_acquire(flags(a, task)) != target) __nanosleep(64);
         }
         __syncthreads();
       }
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   const TaskSmem<T> sm(a);
   const int64_t task = blockIdx.x / a.tiles_per_task, tile = blockIdx.x % a.tiles_per_task;
   member_stats<T, V>(a, task, tile, tile + 1, sm);
-  if (arrive(arrivals(a) + task, static_cast<unsigned>(a.tiles_per_task))) {
+  if (arrive(arrivals(a, task), static_cast<unsigned>(a.tiles_per_task))) {
     combine_task<T>(a, task, task_partials(a, task));
   }
   record(a, 1, 1);

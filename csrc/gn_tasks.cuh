@@ -50,10 +50,11 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 __device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ unsigned* arrivals(const GnArgs& a) { return a.sync + 2; }
-__device__ __forceinline__ unsigned* flags(const GnArgs& a) {
-  return a.sync + 2 + a.n * (a.c / a.window);
-}
+// Word pairs per task: an arrival counter (always left at zero) and a flag (holds an epoch). The
+// layout does not depend on the launch's task count, so a counter word is never a flag word of an
+// earlier launch with other shapes.
+__device__ __forceinline__ unsigned* arrivals(const GnArgs& a, int64_t task) { return a.sync + 2 + 2 * task; }
+__device__ __forceinline__ unsigned* flags(const GnArgs& a, int64_t task) { return a.sync + 3 + 2 * task; }
 
 // Every block of the launch reads the launch epoch first; the last block to finish advances it.
 // Flags set in this launch carry epoch + 1, so flags left by earlier launches (or by an earlier

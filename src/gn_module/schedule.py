@@ -547,7 +547,7 @@ class TaskPlan:
 
     @property
     def sync_words(self) -> int:
-        """Persistent synchronisation words: epoch, exits, then arrivals and flags per task."""
+        """Persistent synchronisation words: epoch, exits, then an (arrivals, flag) pair per task."""
         return 2 + 2 * self.tiling.tasks
 
     @property
