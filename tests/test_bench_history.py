@@ -297,3 +297,113 @@ def test_plant_slowdown_wraps_both_entry_points(tmp_path: Path) -> None:
         text = (tmp_path / "csrc" / filename).read_text()
         assert text.count(f"{entry}_once_planted(args, stream)") == 2
         assert f'extern "C" int {entry}(const GnArgs* args, void* stream) {{' in text
+
+
+# ---------------------------------------------------------------- --gn-impl in benchmarks/
+CPU_FIXTURES = """
+import time
+
+import pytest
+import torch
+
+
+class CpuTimer:
+    device = torch.device("cpu")
+    delay_us = 0.0
+
+    def warm_up(self, fn, warmup):
+        fn()
+        return 1.0
+
+    def measure_once(self, fn):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+
+
+class Bandwidth:
+    tbps = 1.0
+
+
+@pytest.fixture(scope="session")
+def event_timer():
+    return CpuTimer()
+
+
+@pytest.fixture(scope="session")
+def copy_bandwidth():
+    return Bandwidth()
+"""
+
+FAKE_IMPL = """
+import torch.nn.functional as F
+
+calls = []
+
+
+def group_norm(x, num_groups, weight, bias, eps, act):
+    calls.append(tuple(x.shape))
+    y = F.group_norm(x, num_groups, weight, bias, eps)
+    return F.silu(y) if act == "silu" else y
+
+
+def refuses_silu(x, num_groups, weight, bias, eps, act):
+    if act == "silu":
+        raise NotImplementedError("no fused SiLU")
+    return F.group_norm(x, num_groups, weight, bias, eps)
+"""
+
+
+@pytest.fixture
+def bench_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """benchmarks/ with CPU stand-ins for the CUDA timer, on two tiny shapes."""
+    (pytester.path / "conftest.py").write_text((ROOT / "benchmarks" / "conftest.py").read_text())
+    sub = pytester.path / "suite"
+    sub.mkdir()
+    (sub / "conftest.py").write_text(CPU_FIXTURES)
+    (sub / "test_bench_groupnorm.py").write_text(
+        (ROOT / "benchmarks" / "test_bench_groupnorm.py").read_text()
+    )
+    (pytester.path / "fakemod.py").write_text(FAKE_IMPL)
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+    monkeypatch.setenv("GN_BENCH_SHAPES", "1x8x4x4 G2; 2x16x2x2 G4 +SiLU")
+    monkeypatch.setenv("GN_BENCH_REPS", "3")
+    return pytester
+
+
+def test_benchmarks_time_a_foreign_groupnorm_next_to_ours(
+    bench_suite: pytest.Pytester, tmp_path: Path
+) -> None:
+    out = tmp_path / "run.json"
+    result = bench_suite.runpytest_subprocess(
+        "suite",
+        "-k",
+        "foreign",
+        "--gn-impl",
+        "fakemod:group_norm",
+        f"--benchmark-json={out}",
+        "-p",
+        "no:randomly",
+    )
+    result.assert_outcomes(passed=8)  # 2 shapes x 2 dtypes x 2 directions, only timing (no validation suite)
+    benches = json.loads(out.read_text())["benchmarks"]
+    assert {b["extra_info"]["impl"] for b in benches} == {"foreign"}
+    assert {b["extra_info"]["impl_spec"] for b in benches} == {"fakemod:group_norm"}
+    assert {b["group"] for b in benches} >= {"1x8x4x4-G2 fp16 fwd", "2x16x2x2-G4-silu bf16 bwd"}
+    run = history.load_run(out)
+    assert ("1x8x4x4-G2", "fp16", "fwd", "foreign:fakemod:group_norm") in run.entries
+
+
+def test_foreign_benchmarks_are_deselected_without_gn_impl(bench_suite: pytest.Pytester) -> None:
+    result = bench_suite.runpytest_subprocess("suite", "--collect-only", "-q", "-p", "no:randomly")
+    text = result.stdout.str()
+    assert "test_groupnorm_foreign" not in text
+    assert "48/56 tests collected (8 deselected)" in text  # 2 shapes x 2 x 2 x 6 of ours and the peers
+
+
+def test_unsupported_shapes_of_a_foreign_groupnorm_are_skipped(bench_suite: pytest.Pytester) -> None:
+    result = bench_suite.runpytest_subprocess(
+        "suite", "-k", "foreign", "--gn-impl", "fakemod:refuses_silu", "-rs", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=4, skipped=4)
+    result.stdout.fnmatch_lines(["*fakemod:refuses_silu does not support 2x16x2x2-G4-silu*no fused SiLU*"])
