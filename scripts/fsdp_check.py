@@ -15,8 +15,10 @@ data whose global batch k is the same for any number of devices. One process gro
                     without GNSwapCallback. Half the steps, a sharded checkpoint, a new Trainer and model
                     resumed from it, the other half.
 Checks (otol: max|a - b| / max|b| on a fixed batch; rtol: per-step relative loss difference):
-  loss    every run vs `single`: rtol 2e-2 (32-true), 5e-2 (bf16-mixed); fails only swapped runs,
-          the unswapped ones show what sharding alone does
+  loss    every run vs `single`: rtol 2e-2 (32-true), 5e-2 (bf16-mixed), or, where sharding alone moves
+          the loss further (FSDP1 keeps bf16 parameters under bf16-mixed), at most PLAIN_MARGIN x the
+          unswapped run's difference under the same strategy, devices and precision; fails only swapped
+          runs, the unswapped ones show what sharding alone does
   kernels swapped runs on CUDA: every GroupNorm layer ran our kernels in the first batch
   load    swapped: the final sharded checkpoint loaded by an unswapped model under the same strategy;
           plain: the final full checkpoint loaded by a swapped model; outputs vs the trained model's,
@@ -50,6 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = ("32-true", "bf16-mixed")
 STRATEGIES = ("fsdp", "fsdp2")
 LOSS_RTOL = {"32-true": 2e-2, "bf16-mixed": 5e-2}
+#: A swapped run may differ from `single` by up to this multiple of the unswapped sharded run's difference.
+PLAIN_MARGIN = 1.25
 OUT_TOL = {"32-true": 1e-4, "bf16-mixed": 5e-2}
 KERNEL_TOL = 1e-4  # ours vs torch's GroupNorm, same fp32 weights, one device
 CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -488,7 +492,26 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
 
 
-def judge(result: dict[str, Any], reference: dict[str, Any] | None, accelerator: str) -> dict[str, Any]:
+def judge_all(results: list[dict[str, Any]], accelerator: str) -> None:
+    """Judge every run: unswapped ones first, whose loss differences bound their swapped twins'."""
+    reference = {r["precision"]: r for r in results if r["strategy"] == "single"}
+    plain = {r["name"]: r for r in results if not r["swap"]}
+    for r in sorted(results, key=lambda r: r["swap"]):
+        twin = plain.get(plain_twin(r["name"])) if r["swap"] else None
+        judge(r, reference.get(r["precision"]), accelerator, twin.get("loss_diff") if twin else None)
+
+
+def plain_twin(name: str) -> str:
+    """The unswapped run under the same strategy, devices and precision."""
+    return name.removesuffix("-swap") + "-plain"
+
+
+def judge(
+    result: dict[str, Any],
+    reference: dict[str, Any] | None,
+    accelerator: str,
+    plain_diff: float | None = None,
+) -> dict[str, Any]:
     """Fill result["checks"]: name -> (value text, ok or None when informational)."""
     precision, swap = result["precision"], result["swap"]
     checks: dict[str, tuple[str, bool | None]] = {}
@@ -499,7 +522,8 @@ def judge(result: dict[str, Any], reference: dict[str, Any] | None, accelerator:
         checks["loss"] = ("(ref)", None)
     elif losses and reference and reference.get("losses"):
         diff = max_rel_diff(losses, reference["losses"])
-        checks["loss"] = (f"{diff:.2e}", (diff <= LOSS_RTOL[precision]) if swap else None)
+        bound = max(LOSS_RTOL[precision], PLAIN_MARGIN * plain_diff if plain_diff is not None else 0.0)
+        checks["loss"] = (f"{diff:.2e}", (diff <= bound) if swap else None)
         result["loss_diff"] = diff
     else:
         checks["loss"] = ("n/a", False if swap else None)
@@ -570,12 +594,28 @@ def main() -> int:
     p.add_argument("--json", default=None, help="write all results and checks to this JSON file")
     p.add_argument("--group-timeout", type=int, default=270, help="seconds per device count. Default: 270")
     p.add_argument("--pg-timeout", type=int, default=90, help="collective timeout in seconds. Default: 90")
+    p.add_argument(
+        "--rejudge",
+        metavar="JSON",
+        default=None,
+        help="judge the runs of a saved --json again and print the table",
+    )
     p.add_argument("--worker-devices", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-configs", default=None, help=argparse.SUPPRESS)
     p.add_argument("--ckpt-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker_devices is not None:
         return run_worker(args)
+    if args.rejudge:
+        results = json.loads(Path(args.rejudge).read_text())["results"]
+        for r in results:
+            r.pop("checks", None)
+            r.pop("passed", None)
+        judge_all(results, "gpu")
+        print_table(results)
+        ok = all(r["passed"] for r in results)
+        print("FSDP CHECK " + ("PASSED" if ok else "FAILED") + f" (rejudged {args.rejudge})")
+        return 0 if ok else 1
 
     args.devices = [int(d) for d in args.devices.split(",")]
     args.strategies = [s for s in args.strategies.split(",") if s]
@@ -633,9 +673,7 @@ def main() -> int:
             results.append(
                 done.get(cfg["name"], {**cfg, "errors": {"run": group_errors.get(devices, "not run")}})
             )
-    reference = {r["precision"]: r for r in results if r["strategy"] == "single"}
-    for r in results:
-        judge(r, reference.get(r["precision"]), args.accelerator)
+    judge_all(results, args.accelerator)
 
     ok = all(r["passed"] for r in results)
     summary = {
