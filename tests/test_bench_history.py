@@ -4,6 +4,7 @@ regression gate, the history table and plot, and --gn-impl timing plumbing in be
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,14 @@ _platform.node = lambda: _os.environ["FAKE_HOST"]
 _pb.get_cpu_info = lambda: {"brand_raw": "EPYC", "hz_actual": [len(_os.environ["FAKE_HOST"]), 0]}
 _dev.device_info = lambda device=None: _json.loads(_os.environ["FAKE_GPU"])
 """
+
+
+@pytest.fixture(autouse=True)
+def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Child pytest runs must not inherit this worker's xdist identity (pytest-benchmark turns itself
+    off under xdist)."""
+    for key in [k for k in os.environ if k.startswith("PYTEST_XDIST")]:
+        monkeypatch.delenv(key)
 
 
 @pytest.fixture
