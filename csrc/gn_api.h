@@ -50,6 +50,7 @@ typedef struct GnArgs {
   int64_t tiles_per_task;
   int64_t chunk_rows;    // rows per shared-memory chunk, a multiple of rows_threads
   uint32_t* sync;        // persistent zeroed words: epoch, exits, then (arrivals, flag) per task
+  int64_t* trace;        // optional (profiling): per block, clock64() at phase boundaries (gn_tasks.cuh)
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

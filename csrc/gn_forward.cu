@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 // its tiles, the last to arrive combines, every member applies from the chunks it kept.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
+  trace_point(a, 0);
   const TaskSmem<T> sm(a);
   const unsigned target = launch_epoch(a) + 1;
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
@@ -75,9 +76,14 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   if (team < a.teams) {
     const int64_t t0 = member * a.tiles_per_task / a.team_size;
     const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
-    for (int64_t task = team; task < task_count(a); task += a.teams) {
+    int round = 0;
+    for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
+      // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived, 3 + 4r released
       member_stats<T, V>(a, task, t0, t1, sm);
-      if (arrive(arrivals(a, task), a.team_size)) {
+      trace_point(a, 1 + 4 * round);
+      const bool last = arrive(arrivals(a, task), a.team_size);
+      trace_point(a, 2 + 4 * round);
+      if (last) {
         combine_task<T>(a, task, task_partials(a, task));
         if (threadIdx.x == 0) store_release(flags(a, task), target);
       } else {
@@ -86,10 +92,13 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
         }
         __syncthreads();
       }
+      trace_point(a, 3 + 4 * round);
       reread += member_apply<T, V>(a, task, t0, t1, sm, true);
+      trace_point(a, 4 + 4 * round);
       tiles_done += t1 - t0;
     }
   }
+  trace_point(a, 15);
   record(a, 1, static_cast<int>(tiles_done));
   record(a, 2, static_cast<int>(tiles_done));
   record(a, 3, static_cast<int>(reread));
@@ -100,12 +109,16 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
 // Two launches, one block per tile: partials (the last block of a task combines), then y.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
+  trace_point(a, 0);
   const TaskSmem<T> sm(a);
   const int64_t task = blockIdx.x / a.tiles_per_task, tile = blockIdx.x % a.tiles_per_task;
   member_stats<T, V>(a, task, tile, tile + 1, sm);
+  trace_point(a, 1);
   if (arrive(arrivals(a, task), static_cast<unsigned>(a.tiles_per_task))) {
+    trace_point(a, 2);
     combine_task<T>(a, task, task_partials(a, task));
   }
+  trace_point(a, 3);
   record(a, 1, 1);
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }

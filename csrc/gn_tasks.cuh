@@ -95,6 +95,16 @@ __device__ __forceinline__ bool arrive(unsigned* counter, unsigned expected) {
   return last;
 }
 
+// ---------------------------------------------------------------- profiling
+// Optional phase timeline (GnArgs::trace, scripts/profile_tasks.py --trace): thread 0 of each block
+// records clock64() at numbered points; one null check per point when off.
+constexpr int kTracePoints = 16;
+__device__ __forceinline__ void trace_point(const GnArgs& a, int point) {
+  if (a.trace != nullptr && threadIdx.x == 0 && point < kTracePoints) {
+    a.trace[static_cast<int64_t>(blockIdx.x) * kTracePoints + point] = clock64();
+  }
+}
+
 // ---------------------------------------------------------------- task geometry
 struct TaskTile {
   int64_t n, c0;  // sample and first channel of the task's window

@@ -16,7 +16,54 @@ import gn_module
 SHAPES = [((2, 320, 64, 64), 32, "silu"), ((1, 512, 128, 128), 32, "silu"), ((32, 128, 256, 256), 32, None)]
 
 
+#: One-pass trace points per round r: 1+4r stats done, 2+4r arrived, 3+4r released, 4+4r applied.
+PHASES = ("stats", "arrive", "wait+combine", "apply")
+
+
+def print_trace(label: str, trace: torch.Tensor, ghz: float) -> None:
+    t = trace.cpu()
+    reached = t[:, 0] >= 0
+    t = t[reached]
+    print(f"{label}: {int(reached.sum())} blocks traced (us at {ghz:.2f} GHz: median / max over blocks)")
+    for r in range(3):
+        prev = t[:, 0] if r == 0 else t[:, 4 * r]
+        for k, name in enumerate(PHASES):
+            cur = t[:, 1 + 4 * r + k]
+            ok = (cur >= 0) & (prev >= 0)
+            if ok.any():
+                d = (cur[ok] - prev[ok]).double() / (ghz * 1e3)
+                print(f"  round {r} {name:13} {d.median().item():8.2f} / {d.max().item():8.2f}")
+            prev = cur
+    end = t[:, 15]
+    total = (end - t[:, 0]).double() / (ghz * 1e3)
+    print(f"  whole block   {total.median().item():8.2f} / {total.max().item():8.2f}")
+
+
+def trace_all() -> int:
+    from gn_module import ops
+
+    ghz = (
+        torch.cuda.get_device_properties(0).clock_rate / 1e6
+        if hasattr(torch.cuda.get_device_properties(0), "clock_rate")
+        else 1.98
+    )
+    for shape, groups, act in SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        w = torch.randn(shape[1], device="cuda", dtype=torch.float16)
+        b = torch.randn(shape[1], device="cuda", dtype=torch.float16)
+        plan = ops.plan(x.shape, groups, x.dtype, "fwd", 1)
+        with torch.no_grad():
+            gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=1)  # warm up, build
+            with ops.phase_trace(plan.grid) as trace:
+                gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=1)
+                torch.cuda.synchronize()
+        print_trace(f"{'x'.join(map(str, shape))} one-pass grid {plan.grid} {plan.teams}", trace, ghz)
+    return 0
+
+
 def main() -> int:
+    if "--trace" in sys.argv:
+        return trace_all()
     once = "--once" in sys.argv
     for shape, groups, act in SHAPES:
         x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)

@@ -75,6 +75,7 @@ class GnArgs(ctypes.Structure):
         ("tiles_per_task", _i64),
         ("chunk_rows", _i64),
         ("sync", _p),
+        ("trace", _p),
     ]
 
 

@@ -31,6 +31,7 @@ _caps: list[int] = []
 _variants: list[str | None] = []
 _records: list[dict] = []
 _poison: list[bool] = []
+_traces: list[torch.Tensor] = []
 
 
 # ---------------------------------------------------------------- user-facing switches
@@ -120,6 +121,20 @@ def poison_outputs() -> Iterator[None]:
     finally:
         with _settings_lock:
             _poison.pop()
+
+
+@contextlib.contextmanager
+def phase_trace(blocks: int, device: torch.device | int | None = None) -> Iterator[torch.Tensor]:
+    """Profiling: task kernels launched inside the block record clock64() at their phase points
+    (csrc/gn_tasks.cuh trace_point) into the yielded int64 tensor of shape (blocks, 16); -1 = not reached."""
+    buf = torch.full((blocks, 16), -1, dtype=torch.int64, device=torch.device("cuda", _device_index(device)))
+    with _settings_lock:
+        _traces.append(buf)
+    try:
+        yield buf
+    finally:
+        with _settings_lock:
+            _traces.remove(buf)
 
 
 def _poisoned(*tensors: torch.Tensor) -> None:
@@ -486,6 +501,8 @@ def _run(direction: str, p: Plan, a: _abi.GnArgs, x: torch.Tensor) -> None:
     stream = torch.cuda.current_stream(x.device).cuda_stream
     if isinstance(p, schedule.TaskPlan):
         a.sync = _sync_buffer(x.device, stream, p.sync_words).data_ptr()
+        if _traces and _traces[-1].shape[0] >= p.grid:
+            a.trace = _traces[-1].data_ptr()
     fn = lib.gn_forward if direction == "fwd" else lib.gn_backward
     _check(lib, fn(ctypes.byref(a), ctypes.c_void_p(stream)), f"GroupNorm {direction} launch")
     if rec_tensor is not None:
