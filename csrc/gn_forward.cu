@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
+    // schedule.member_tiles: contiguous, balanced, every tile of the task exactly once
     const int64_t t0 = member * a.tiles_per_task / a.team_size;
     const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
     int round = 0;

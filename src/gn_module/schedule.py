@@ -488,6 +488,12 @@ class TaskTeams:
     overflow_chunks: int  # of those, the ones it cannot keep on chip (read again)
 
 
+def member_tiles(tiles_per_task: int, team_size: int, member: int) -> tuple[int, int]:
+    """The tiles [t0, t1) member `member` of a team reduces and applies (fwd_task_onepass uses the same
+    formula): contiguous, balanced, every tile of the task exactly once."""
+    return member * tiles_per_task // team_size, (member + 1) * tiles_per_task // team_size
+
+
 def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
     """The team size that minimizes the busiest block's traffic (in chunks: read, write, re-read)
     plus a per-round overhead, for `blocks` resident blocks that hold `slots` chunks each."""

@@ -1,0 +1,130 @@
+"""The task architecture's schedule model on CPU: windows, tiles and chunks, shared memory, teams, and the
+founding rule that every tile of every task is reduced and applied exactly once at any residency."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gn_module import profiles, schedule
+from gn_module.schedule import TaskTiling
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+H200 = profiles.limits_for("H200", (9, 0), 132)
+SHAPES = [  # (batch, channels, groups, rows, itemsize)
+    (32, 128, 32, 65536, 2),
+    (1, 128, 16, 2097152, 2),
+    (2, 320, 32, 4096, 2),
+    (2, 1280, 32, 256, 2),
+    (3, 100, 10, 37, 2),
+    (2, 96, 32, 1089, 4),
+    (5, 64, 1, 323, 2),
+    (2, 64, 64, 1600, 2),
+    (1, 7, 7, 5, 4),
+]
+
+
+@pytest.mark.parametrize(
+    ("channels", "groups", "itemsize", "window"),
+    [(128, 32, 2, 64), (128, 16, 2, 64), (320, 32, 2, 320), (512, 32, 2, 64), (512, 32, 4, 32),
+     (96, 32, 2, 96), (64, 1, 2, 64), (4096, 1, 2, 4096), (100, 10, 2, 100), (2560, 32, 2, 320)],
+)  # fmt: skip
+def test_window_holds_whole_groups_and_128_byte_rows_where_it_divides_c(channels, groups, itemsize, window):
+    w = schedule.task_window(channels, groups, itemsize)
+    assert w == window
+    assert channels % w == 0 and w % (channels // groups) == 0
+
+
+def tilings(aligned: bool = True) -> list[TaskTiling]:
+    """Every SHAPES tiling (aligned: all are covered; unaligned: scalar windows over THREADS columns,
+    like C=320, are not, and run the tile kernels instead)."""
+    out = []
+    for n, c, g, rows, item in SHAPES:
+        t = schedule.task_tiling(c, g, rows, item, "fwd", batch=n, aligned=aligned)
+        assert t is not None or (not aligned and c > schedule.THREADS), (n, c, g, rows, item)
+        if t is not None:
+            out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_tiles_cover_each_task_in_whole_chunks(aligned: bool) -> None:
+    for t in tilings(aligned):
+        assert t.chunk_rows % t.rows_threads == 0  # a thread keeps its rows across chunks
+        assert t.rows_per_tile == t.rows or t.rows_per_tile % t.chunk_rows == 0
+        assert (t.tiles_per_task - 1) * t.rows_per_tile < t.rows <= t.tiles_per_task * t.rows_per_tile
+        assert t.tiles_per_task <= schedule.MAX_TILES_PER_TASK
+        assert t.cols_threads * t.vec == t.window and t.cols_threads <= schedule.THREADS
+        assert t.vec == 1 or (aligned and t.window * t.itemsize % schedule.VEC_BYTES == 0)
+
+
+def test_tiling_depends_on_shape_dtype_and_alignment_only() -> None:
+    # no device argument exists; the same shape gives the same tiling, whatever plan uses it
+    a = schedule.task_tiling(128, 32, 65536, 2, "fwd", batch=32)
+    b = schedule.task_tiling(128, 32, 65536, 2, "fwd", batch=32)
+    assert a == b
+    assert schedule.task_tiling(4096, 1, 64, 4, "fwd") is None  # a window of 1024 vectors: not covered
+    assert schedule.task_tiling(64, 4, 0, 2, "fwd") is None
+
+
+def test_slots_fill_the_budget_without_passing_it() -> None:
+    for limits in profiles.BUILTIN_PROFILES:
+        budget = schedule.task_smem_budget(limits)
+        for t in tilings():
+            slots = schedule.task_slots(t, budget)
+            if slots == 0:
+                assert schedule.task_smem_bytes(t, 1) > budget
+                continue
+            assert schedule.task_smem_bytes(t, slots) <= budget <= limits.max_smem_per_block
+            assert slots == schedule.MAX_SLOTS or schedule.task_smem_bytes(t, slots + 1) > budget
+
+
+def test_max_slots_matches_the_kernels() -> None:
+    text = (CSRC / "gn_tasks.cuh").read_text()
+    assert int(re.search(r"constexpr int kMaxSlots = (\d+);", text).group(1)) == schedule.MAX_SLOTS
+
+
+def assignment(t: TaskTiling, teams: schedule.TaskTeams) -> dict[tuple[int, int], int]:
+    """(task, tile) -> how many times the one-pass grid (fwd_task_onepass) visits it."""
+    seen: dict[tuple[int, int], int] = {}
+    for block in range(teams.teams * teams.team_size):
+        team, member = divmod(block, teams.team_size)
+        t0, t1 = schedule.member_tiles(t.tiles_per_task, teams.team_size, member)
+        for task in range(team, t.tasks, teams.teams):
+            for tile in range(t0, t1):
+                seen[(task, tile)] = seen.get((task, tile), 0) + 1
+    return seen
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 7, 61, 132, 264, 1000])
+def test_every_tile_of_every_task_exactly_once_at_any_residency(blocks: int) -> None:
+    for t in tilings():
+        teams = schedule.choose_teams(t, blocks, slots=6)
+        assert 1 <= teams.team_size <= min(t.tiles_per_task, blocks)
+        assert 1 <= teams.teams <= t.tasks and teams.teams * teams.team_size <= blocks
+        assert teams.teams * teams.rounds >= t.tasks
+        seen = assignment(t, teams)
+        assert set(seen) == {(k, i) for k in range(t.tasks) for i in range(t.tiles_per_task)}
+        assert set(seen.values()) == {1}
+        busiest = max(b - a for a, b in (schedule.member_tiles(t.tiles_per_task, teams.team_size, m)
+                                         for m in range(teams.team_size)))  # fmt: skip
+        assert teams.chunks_per_member == busiest * t.chunks_per_tile
+        assert teams.overflow_chunks == max(0, teams.chunks_per_member - 6)
+
+
+def test_plans_grid_and_workspace() -> None:
+    t = schedule.task_tiling(128, 32, 65536, 2, "fwd", batch=32)
+    one = schedule.make_task_plan(t, 1, 6, residency=264)
+    assert one.grid == one.teams.teams * one.teams.team_size <= 264
+    capped = schedule.make_task_plan(t, 1, 6, residency=264, cap=7)
+    assert capped.grid <= 7 and capped.overflow_tiles == t.tiles - capped.grid
+    two = schedule.make_task_plan(t, 2, 6, residency=264)
+    assert two.grid == t.tiles and two.teams is None
+    assert one.workspace_floats == {"partials": 2 * t.tasks * t.groups_per_window * t.tiles_per_task}
+    assert one.sync_words == 2 + 2 * t.tasks
+    with pytest.raises(ValueError):
+        schedule.make_task_plan(t, 1, 0, residency=264)
+    with pytest.raises(ValueError):
+        schedule.make_task_plan(t, 1, 6, residency=0)
