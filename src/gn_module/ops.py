@@ -348,7 +348,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def _args(
-    p: Plan,
+    p: Plan | schedule.TaskPlan,
     dtype: torch.dtype,
     eps: float,
     act: str | None,
@@ -356,12 +356,25 @@ def _args(
     device_index: int,
 ) -> _abi.GnArgs:
     """GnArgs from the plan, without data pointers. `param_dtype`: weight's (or bias's) dtype."""
-    if isinstance(p, schedule.TaskPlan):
-        return _task_args(p, dtype, eps, act, param_dtype, device_index)
     t = p.tiling
     a = _abi.GnArgs()
     a.n, a.s, a.c, a.g = p.batch, t.rows, t.channels, t.groups
-    a.rows_per_tile, a.tiles_per_slice = t.rows_per_tile, t.tiles_per_slice
+    a.dtype = _abi.DTYPE_CODES[_dtype_name(dtype)]
+    a.w_dtype = _abi.DTYPE_CODES[_dtype_name(param_dtype)] if param_dtype is not None else 0
+    a.act = _abi.ACT_CODES[act]
+    a.eps = eps
+    a.schedule, a.grid, a.smem = p.schedule, p.grid, p.smem
+    a.device = device_index
+    a.fanin = schedule.FANIN  # checked by the C entry points whatever the architecture
+    a.vec, a.cols_threads, a.rows_threads = t.vec, t.cols_threads, t.rows_threads
+    if isinstance(p, schedule.TaskPlan):
+        a.arch, a.slots = 2, p.slots
+        a.team_size, a.teams = (p.teams.team_size, p.teams.teams) if p.teams is not None else (1, 1)
+        a.window, a.tiles_per_task, a.chunk_rows = t.window, t.tiles_per_task, t.chunk_rows
+        a.rows_per_tile, a.tiles_per_slice, a.col_chunks = t.rows_per_tile, t.tiles_per_task, 1
+        return a
+    a.arch = 1
+    a.rows_per_tile, a.tiles_per_slice, a.col_chunks = t.rows_per_tile, t.tiles_per_slice, t.col_chunks
     offsets, total = {}, 0
     for region, floats in p.workspace_floats.items():
         offsets[region] = total
@@ -375,41 +388,7 @@ def _args(
         raise RuntimeError(f"gn_module: {t.tiles_per_slice} tiles per slice need too many reduction levels")
     for i, size in enumerate(levels):
         a.level_tiles[i] = size
-    a.nlevels, a.fanin = len(levels), schedule.FANIN
-    a.dtype = _abi.DTYPE_CODES[_dtype_name(dtype)]
-    a.w_dtype = _abi.DTYPE_CODES[_dtype_name(param_dtype)] if param_dtype is not None else 0
-    a.vec, a.cols_threads, a.col_chunks, a.rows_threads = t.vec, t.cols_threads, t.col_chunks, t.rows_threads
-    a.act = _abi.ACT_CODES[act]
-    a.eps = eps
-    a.schedule, a.grid, a.smem = p.schedule, p.grid, p.smem
-    a.device = device_index
-    return a
-
-
-def _task_args(
-    p: schedule.TaskPlan,
-    dtype: torch.dtype,
-    eps: float,
-    act: str | None,
-    param_dtype: torch.dtype | None,
-    device_index: int,
-) -> _abi.GnArgs:
-    t = p.tiling
-    a = _abi.GnArgs()
-    a.arch = 2
-    a.n, a.s, a.c, a.g = t.batch, t.rows, t.channels, t.groups
-    a.rows_per_tile, a.tiles_per_slice = t.rows_per_tile, t.tiles_per_task
-    a.off_partials, a.nlevels, a.fanin = 0, 0, schedule.FANIN
-    a.dtype = _abi.DTYPE_CODES[_dtype_name(dtype)]
-    a.w_dtype = _abi.DTYPE_CODES[_dtype_name(param_dtype)] if param_dtype is not None else 0
-    a.vec, a.cols_threads, a.col_chunks, a.rows_threads = t.vec, t.cols_threads, 1, t.rows_threads
-    a.act = _abi.ACT_CODES[act]
-    a.eps = eps
-    a.schedule, a.grid, a.smem = p.schedule, p.grid, p.smem
-    a.device = device_index
-    a.slots = p.slots
-    a.team_size, a.teams = (p.teams.team_size, p.teams.teams) if p.teams is not None else (1, 1)
-    a.window, a.tiles_per_task, a.chunk_rows = t.window, t.tiles_per_task, t.chunk_rows
+    a.nlevels = len(levels)
     return a
 
 
@@ -447,7 +426,8 @@ def _launch_template(
     arch: str = "tiles",
 ) -> tuple[Plan, bytes]:
     """Plan and the pointer-free part of GnArgs for one call signature (cached: the hot path
-    only copies the template and fills in data pointers)."""
+    only copies the template and fills in data pointers). `arch` (current_arch(), which `plan`
+    reads) is part of the cache key only."""
     p = plan(
         shape,
         num_groups,
