@@ -199,14 +199,18 @@ def _task_occupancy(index: int, variant: str | None, direction: str, dtype: str,
     return blocks.value if code == 0 else 0
 
 
+def _reserved_smem() -> int:
+    """The driver's shared memory per block (1 KB from sm_80 on; DeviceLimits' default)."""
+    return schedule.DeviceLimits.__dataclass_fields__["reserved_smem_per_block"].default
+
+
 @functools.cache
 def _task_smem_budget(index: int) -> int:
     """Dynamic shared memory per block for TASK_BLOCKS_PER_SM blocks per SM on this device."""
     props = torch.cuda.get_device_properties(index)
     per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
     per_block = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
-    budget = per_sm // schedule.TASK_BLOCKS_PER_SM - 1024 - 128
-    return max(0, min(per_block, budget) // 128 * 128)
+    return schedule.smem_budget(per_sm, per_block, _reserved_smem())
 
 
 def kernel_resources(

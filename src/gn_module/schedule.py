@@ -471,10 +471,22 @@ def task_slots(t: TaskTiling, smem_budget: int) -> int:
 
 
 def task_smem_budget(limits: DeviceLimits, blocks_per_sm: int = TASK_BLOCKS_PER_SM) -> int:
-    """Dynamic shared memory per block when `blocks_per_sm` blocks share an SM (static shared
-    memory of the kernels, 16 bytes, and the driver's reserve per block are left out)."""
-    per_block = limits.smem_per_sm // blocks_per_sm - limits.reserved_smem_per_block - 128
-    return max(0, min(limits.max_smem_per_block, per_block) // 128 * 128)
+    """Dynamic shared memory per block when `blocks_per_sm` blocks share an SM of `limits`."""
+    return smem_budget(
+        limits.smem_per_sm, limits.max_smem_per_block, limits.reserved_smem_per_block, blocks_per_sm
+    )
+
+
+def smem_budget(
+    smem_per_sm: int,
+    max_smem_per_block: int,
+    reserved_per_block: int,
+    blocks_per_sm: int = TASK_BLOCKS_PER_SM,
+) -> int:
+    """The same from raw device numbers (the launcher's local device): the SM's shared memory split
+    `blocks_per_sm` ways, less the driver's reserve and the kernels' static 16 bytes (rounded up to 128)."""
+    per_block = smem_per_sm // blocks_per_sm - reserved_per_block - 128
+    return max(0, min(max_smem_per_block, per_block) // 128 * 128)
 
 
 @dataclass(frozen=True)
