@@ -65,12 +65,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 
 // ---------------------------------------------------------------- task architecture
 // One launch: a persistent grid of teams; team j runs tasks j, j + teams, ...; each member reduces
-// its tiles, the last to arrive combines, every member applies from the chunks it kept.
+// its tiles, the team meets at the task's barrier, every member combines the task's partials
+// itself (the same fixed order) and applies from the chunks it kept.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
-  const unsigned target = launch_epoch(a) + 1;
+  const unsigned target = launch_target(a);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
@@ -79,22 +80,24 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
     const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
     int round = 0;
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
-      // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived, 3 + 4r released
-      member_stats<T, V>(a, task, t0, t1, sm);
+      // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r barrier passed,
+      // 3 + 4r statistics combined, 4 + 4r applied
+      load_task_params(a, task, sm.param);
+      const int chunks = member_stats<T, V>(a, task, t0, t1, sm);
       trace_point(a, 1 + 4 * round);
-      const bool last = arrive(arrivals(a, task), a.team_size);
+      task_barrier(a, task, target);
       trace_point(a, 2 + 4 * round);
-      if (last) {
-        combine_task<T>(a, task, task_partials(a, task));
-        if (threadIdx.x == 0) store_release(flags(a, task), target);
-      } else {
-        if (threadIdx.x == 0) {
-          while (load_acquire(flags(a, task)) != target) __nanosleep(64);
+      const int64_t ng0 = task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
+      group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+        sm.grp[gl] = make_float2(mean, rstd);
+        if (member == 0) {
+          a.mean[ng0 + gl] = mean;
+          a.rstd[ng0 + gl] = rstd;
         }
-        __syncthreads();
-      }
+      });
+      __syncthreads();
       trace_point(a, 3 + 4 * round);
-      reread += member_apply<T, V>(a, task, t0, t1, sm, true);
+      reread += member_apply<T, V>(a, task, t0, t1, sm, min(chunks, a.slots));
       trace_point(a, 4 + 4 * round);
       tiles_done += t1 - t0;
     }
@@ -117,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   trace_point(a, 1);
   if (arrive(arrivals(a, task), static_cast<unsigned>(a.tiles_per_task))) {
     trace_point(a, 2);
-    combine_task<T>(a, task, task_partials(a, task));
+    combine_task<T>(a, task);
   }
   trace_point(a, 3);
   record(a, 1, 1);
@@ -130,9 +133,15 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
   const int64_t b = static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x;
   const int64_t task = b / a.tiles_per_task, tile = b % a.tiles_per_task;
-  const int64_t reread = member_apply<T, V>(a, task, tile, tile + 1, sm, false);
+  load_task_params(a, task, sm.param);
+  const int64_t ng0 = task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
+  for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
+    sm.grp[gl] = make_float2(__ldcg(a.mean + ng0 + gl), __ldcg(a.rstd + ng0 + gl));
+  }
+  __syncthreads();
+  const int reread = member_apply<T, V>(a, task, tile, tile + 1, sm, 0);
   record(a, 2, 1);
-  record(a, 3, static_cast<int>(reread));
+  record(a, 3, reread);
 }
 
 template <typename Cfg>

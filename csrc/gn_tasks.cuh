@@ -56,14 +56,14 @@ __device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
 __device__ __forceinline__ unsigned* arrivals(const GnArgs& a, int64_t task) { return a.sync + 2 + 2 * task; }
 __device__ __forceinline__ unsigned* flags(const GnArgs& a, int64_t task) { return a.sync + 3 + 2 * task; }
 
-// Every block of the launch reads the launch epoch first; the last block to finish advances it.
-// Flags set in this launch carry epoch + 1, so flags left by earlier launches (or by an earlier
-// replay of a captured graph) never satisfy a wait, and the words never need zeroing again.
-__device__ __forceinline__ unsigned launch_epoch(const GnArgs& a) {
-  __shared__ unsigned epoch;
-  if (threadIdx.x == 0) epoch = load_acquire(a.sync);
-  __syncthreads();
-  return epoch;
+// Thread 0 of every block reads the launch epoch (a relaxed load: only its own exit, later in
+// program order, can let the epoch advance); the last block to finish advances it. Flags set in
+// this launch carry epoch + 1, so flags left by earlier launches (or by an earlier replay of a
+// captured graph) never satisfy a wait, and the words never need zeroing again.
+__device__ __forceinline__ unsigned launch_target(const GnArgs& a) {
+  unsigned v = 0;
+  if (threadIdx.x == 0) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a.sync) : "memory");
+  return v + 1;
 }
 __device__ __forceinline__ void finish_launch(const GnArgs& a) {
   __syncthreads();
@@ -77,22 +77,38 @@ __device__ __forceinline__ void finish_launch(const GnArgs& a) {
   }
 }
 
-// Counts this block in; true (in every thread) for the block that completes `expected` arrivals.
-// Everything the block wrote before is visible to that last block. The last block resets the
-// counter, so it is zero again for the next launch.
+// Counts this block in (thread 0 fences once, after the block's barrier: the block's writes are
+// ordered before the count); true in thread 0 of the block that completes `expected` arrivals,
+// which also resets the counter to zero for the next launch.
+__device__ __forceinline__ bool arrive_thread0(unsigned* counter, unsigned expected) {
+  bool last = false;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(counter, 1u) == expected - 1;
+    if (last) *counter = 0;
+  }
+  return last;
+}
+
+// The same, with the answer in every thread.
 __device__ __forceinline__ bool arrive(unsigned* counter, unsigned expected) {
   __shared__ int last;
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1u) == expected - 1;
-    if (last) {
-      *counter = 0;
-      __threadfence();
-    }
-  }
+  if (threadIdx.x == 0) last = arrive_thread0(counter, expected);
   __syncthreads();
   return last;
+}
+
+// A task-local barrier of the one-pass kernel: every member counts in; the last one raises the
+// task's flag, the others wait for it. On return every member's partials are visible.
+__device__ __forceinline__ void task_barrier(const GnArgs& a, int64_t task, unsigned target) {
+  __syncthreads();
+  if (arrive_thread0(arrivals(a, task), static_cast<unsigned>(a.team_size))) {
+    store_release(flags(a, task), target);
+  } else if (threadIdx.x == 0) {
+    while (load_acquire(flags(a, task)) != target) __nanosleep(32);
+  }
+  __syncthreads();
 }
 
 // ---------------------------------------------------------------- profiling
@@ -106,19 +122,19 @@ __device__ __forceinline__ void trace_point(const GnArgs& a, int point) {
 }
 
 // ---------------------------------------------------------------- task geometry
-struct TaskTile {
-  int64_t n, c0;  // sample and first channel of the task's window
-  int64_t row0, rows;
-};
-
 __device__ __forceinline__ int64_t task_count(const GnArgs& a) { return a.n * (a.c / a.window); }
 __device__ __forceinline__ int64_t task_sample(const GnArgs& a, int64_t task) { return task / (a.c / a.window); }
 __device__ __forceinline__ int64_t task_c0(const GnArgs& a, int64_t task) {
   return (task % (a.c / a.window)) * a.window;
 }
+__device__ __forceinline__ int channels_per_group(const GnArgs& a) { return static_cast<int>(a.c / a.g); }
+__device__ __forceinline__ int groups_per_window(const GnArgs& a) {
+  return static_cast<int>(a.window) / channels_per_group(a);
+}
 
 // The `q`-th chunk of the tiles [t0, t1) of a task: tiles have rows_per_tile rows (the last tile of
 // the task fewer) and are cut into chunks of chunk_rows; a chunk past the task's end has 0 rows.
+// (q and the chunk counts are small: 32-bit division.)
 struct Chunk {
   int64_t tile, row0;
   int rows;
@@ -127,11 +143,11 @@ struct Chunk {
 __device__ __forceinline__ int chunks_per_tile(const GnArgs& a) {
   return static_cast<int>((a.rows_per_tile + a.chunk_rows - 1) / a.chunk_rows);
 }
-__device__ __forceinline__ Chunk chunk_at(const GnArgs& a, int64_t t0, int64_t q) {
+__device__ __forceinline__ Chunk chunk_at(const GnArgs& a, int64_t t0, int q) {
   const int cpt = chunks_per_tile(a);
+  const int dt = q / cpt, k = q - dt * cpt;
   Chunk ch;
-  ch.tile = t0 + q / cpt;
-  const int k = static_cast<int>(q % cpt);
+  ch.tile = t0 + dt;
   ch.row0 = ch.tile * a.rows_per_tile + static_cast<int64_t>(k) * a.chunk_rows;
   const int64_t end = min((ch.tile + 1) * a.rows_per_tile, a.s);
   ch.rows = static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(a.chunk_rows), end - ch.row0)));
@@ -140,14 +156,15 @@ __device__ __forceinline__ Chunk chunk_at(const GnArgs& a, int64_t t0, int64_t q
 }
 
 // ---------------------------------------------------------------- shared-memory layout
-// [slots x chunk][column scratch][per-channel totals][per-group accumulators]; the same formula as
-// schedule.task_smem_bytes.
+// [slots x chunk][column scratch, float2][per-channel totals, float2][per-channel (weight, bias)]
+// [per-group (mean, rstd)]; the same formula as schedule.task_smem_bytes.
 template <typename T>
 struct TaskSmem {
   T* slot0;
-  int64_t slot_elems;
-  float* scratch;
+  int slot_elems;
+  float2* scratch;
   float2* chan;
+  float2* param;
   float2* grp;
   __device__ explicit TaskSmem(const GnArgs& a) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -155,18 +172,22 @@ struct TaskSmem {
     const int width = a.cols_threads * a.vec;
     const int srows = max(kWarps, a.rows_threads);
     slot0 = reinterpret_cast<T*>(smem);
-    slot_elems = slot_bytes / static_cast<int64_t>(sizeof(T));
+    slot_elems = static_cast<int>(slot_bytes / static_cast<int64_t>(sizeof(T)));
     unsigned char* p = smem + a.slots * slot_bytes;
-    scratch = reinterpret_cast<float*>(p);
-    p += (static_cast<int64_t>(srows) * width * 4 + 15) / 16 * 16;
+    scratch = reinterpret_cast<float2*>(p);
+    p += static_cast<int64_t>(srows) * width * 8;
     chan = reinterpret_cast<float2*>(p);
+    p += static_cast<int64_t>(width) * 8;
+    param = reinterpret_cast<float2*>(p);
     p += static_cast<int64_t>(width) * 8;
     grp = reinterpret_cast<float2*>(p);
   }
-  __device__ T* slot(int64_t q, int slots) const { return slot0 + (q % slots) * slot_elems; }
+  __device__ T* slot(int q, int slots) const { return slot0 + (q % slots) * slot_elems; }
 };
 
-// A thread's place in a chunk: one column of V channels, rows `row`, `row + rows_threads`, ...
+// A thread's place in a chunk: one column of V channels, rows `row`, `row + rows_threads`, ... The
+// thread copies, reduces and applies exactly these elements of every chunk, so the chunk slots
+// need no barriers: each thread waits for its own copies only.
 struct TaskLane {
   int col, row;
   bool active;
@@ -175,16 +196,17 @@ struct TaskLane {
         active(threadIdx.x / a.cols_threads < a.rows_threads) {}
 };
 
-// Copy one chunk of a task (rows x window) from global memory into a shared-memory slot: 16-byte
-// cp.async where the layout allows (V * sizeof(T) == 16), plain loads otherwise.
+// This thread's elements of a chunk, global memory -> its places in the slot: 16-byte cp.async
+// where the layout allows (V * sizeof(T) == 16), plain loads otherwise.
 template <typename T, int V>
-__device__ __forceinline__ void load_chunk(const GnArgs& a, const T* task_base, const Chunk& ch, T* slot) {
-  const int vpr = static_cast<int>(a.window / V);
-  const int total = ch.rows * vpr;
-  for (int i = threadIdx.x; i < total; i += kThreads) {
-    const int r = i / vpr, v = i - r * vpr;
-    const T* g = task_base + (ch.row0 + r) * a.c + v * V;
-    T* s = slot + static_cast<int64_t>(r) * a.window + v * V;
+__device__ __forceinline__ void load_chunk(const GnArgs& a, const TaskLane& lane, const T* task_base,
+                                           const Chunk& ch, T* slot) {
+  if (!lane.active) return;
+  const int64_t gstep = static_cast<int64_t>(a.rows_threads) * a.c;
+  const int sstep = a.rows_threads * static_cast<int>(a.window);
+  const T* g = task_base + (ch.row0 + lane.row) * a.c + lane.col * V;
+  T* s = slot + lane.row * static_cast<int>(a.window) + lane.col * V;
+  for (int r = lane.row; r < ch.rows; r += a.rows_threads, g += gstep, s += sstep) {
     if constexpr (sizeof(T) * V == 16) {
       cp_async16(s, g);
     } else {
@@ -193,16 +215,25 @@ __device__ __forceinline__ void load_chunk(const GnArgs& a, const T* task_base, 
   }
 }
 
+// Weight and bias of the task's channels into shared memory (visible after the next barrier).
+__device__ __forceinline__ void load_task_params(const GnArgs& a, int64_t task, float2* param) {
+  const int64_t c0 = task_c0(a, task);
+  for (int i = threadIdx.x; i < a.window; i += kThreads) {
+    param[i] = make_float2(load_param(a.weight, a.w_dtype, c0 + i, 1.f), load_param(a.bias, a.w_dtype, c0 + i, 0.f));
+  }
+}
+
 // ---------------------------------------------------------------- reductions
-// Per-thread sums of (x - K) and (x - K)^2 over the chunk's rows, in row order.
+// Per-thread sums of (x - K) and (x - K)^2 over this thread's rows of the chunk, in row order.
 template <typename T, int V>
 __device__ __forceinline__ void accumulate_chunk(const GnArgs& a, const TaskLane& lane, const T* slot, int rows,
                                                  const float (&shift)[V], float (&s1)[V], float (&s2)[V]) {
   if (!lane.active) return;
-  const T* p = slot + lane.col * V;
+  const int sstep = a.rows_threads * static_cast<int>(a.window);
+  const T* p = slot + lane.row * static_cast<int>(a.window) + lane.col * V;
 #pragma unroll 4
-  for (int r = lane.row; r < rows; r += a.rows_threads) {
-    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(p + static_cast<int64_t>(r) * a.window);
+  for (int r = lane.row; r < rows; r += a.rows_threads, p += sstep) {
+    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(p);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const float e = to_float(x.v[v]) - shift[v];
@@ -226,31 +257,30 @@ __device__ void finish_tile(const GnArgs& a, const TaskLane& lane, const TaskSme
   const int srow = fold_warp ? warp : lane.row;
   const bool writer = fold_warp ? lane_id < ct : lane.active;
 #pragma unroll
-  for (int round = 0; round < 2; ++round) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      float x = round == 0 ? s1[v] : s2[v];
-      if (fold_warp) {
-        for (int o = 16; o >= ct; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
-      }
-      if (writer) sm.scratch[srow * width + lane.col * V + v] = x;
-      if (round == 1) s1[v] = s2[v] = 0.f;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < width; i += kThreads) {
-      float acc = 0.f;
-      for (int r = 0; r < srows; ++r) acc += sm.scratch[r * width + i];
-      if (round == 0) {
-        sm.chan[i].x = acc;
-      } else {
-        sm.chan[i].y = acc;
+  for (int v = 0; v < V; ++v) {
+    float x1 = s1[v], x2 = s2[v];
+    if (fold_warp) {
+      for (int o = 16; o >= ct; o >>= 1) {
+        x1 += __shfl_xor_sync(kFull, x1, o);
+        x2 += __shfl_xor_sync(kFull, x2, o);
       }
     }
-    __syncthreads();
+    if (writer) sm.scratch[srow * width + lane.col * V + v] = make_float2(x1, x2);
+    s1[v] = s2[v] = 0.f;
   }
-  const int cpg = static_cast<int>(a.c / a.g);
-  const int gw = static_cast<int>(a.window) / cpg;
-  for (int gl = threadIdx.x; gl < gw; gl += kThreads) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < width; i += kThreads) {
+    float2 acc = make_float2(0.f, 0.f);
+    for (int r = 0; r < srows; ++r) {
+      const float2 p = sm.scratch[r * width + i];
+      acc.x += p.x;
+      acc.y += p.y;
+    }
+    sm.chan[i] = acc;
+  }
+  __syncthreads();
+  const int cpg = channels_per_group(a);
+  for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
     float2 acc = make_float2(0.f, 0.f);
     for (int k = 0; k < cpg; ++k) {
       const float2 c = sm.chan[gl * cpg + k];
@@ -268,24 +298,35 @@ __device__ __forceinline__ int combine_lanes(int gw) {
   return t;
 }
 
+// Partials of a task: [group of the window][tile].
+__device__ __forceinline__ const float2* task_partials(const GnArgs& a, int64_t task) {
+  return reinterpret_cast<const float2*>(a.workspace + a.off_partials) +
+         task * groups_per_window(a) * a.tiles_per_task;
+}
+
 // Mean and rstd of each group of a task from its tile partials [group][tile], in a fixed order:
 // lane j of a group sums the tiles [j*P/L, (j+1)*P/L) in order, then the L lanes fold by xor.
-template <typename T>
-__device__ void combine_task(const GnArgs& a, int64_t task, const float2* parts) {
+// `emit(gl, mean, rstd)` runs once per group of the window. Every caller (the one-pass members,
+// the two-pass stats launch) computes the same bits.
+template <typename T, typename Emit>
+__device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&& emit) {
+  const float2* parts = task_partials(a, task);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
-  const int cpg = static_cast<int>(a.c / a.g);
-  const int gw = static_cast<int>(a.window) / cpg;
-  const int64_t tiles = a.tiles_per_task;
+  const int cpg = channels_per_group(a);
+  const int gw = groups_per_window(a);
+  const int tiles = static_cast<int>(a.tiles_per_task);
   const int lanes = combine_lanes(gw);
   const int j = threadIdx.x % lanes;
-  const int64_t lo = j * tiles / lanes, hi = (j + 1) * tiles / lanes;
+  const int lo = j * tiles / lanes, hi = (j + 1) * tiles / lanes;
   for (int base = 0; base < gw; base += kThreads / lanes) {
     const int gl = base + threadIdx.x / lanes;
     float2 acc = make_float2(0.f, 0.f);
+    float shift = 0.f;
     if (gl < gw) {
+      shift = to_float(static_cast<const T*>(a.x)[n * a.s * a.c + c0 + gl * cpg]);
       const float2* p = parts + static_cast<int64_t>(gl) * tiles;
 #pragma unroll 8
-      for (int64_t t = lo; t < hi; ++t) {
+      for (int t = lo; t < hi; ++t) {
         const float2 v = __ldcg(p + t);
         acc.x += v.x;
         acc.y += v.y;
@@ -296,18 +337,23 @@ __device__ void combine_task(const GnArgs& a, int64_t task, const float2* parts)
       acc.y += __shfl_xor_sync(kFull, acc.y, o);
     }
     if (gl < gw && j == 0) {
-      const int64_t g = c0 / cpg + gl;
       const float count = static_cast<float>(a.s) * static_cast<float>(cpg);
-      const float shift = to_float(static_cast<const T*>(a.x)[n * a.s * a.c + g * cpg]);
       const float m = acc.x / count;
       const float v = acc.y / count - m * m;
       const float var = v < 0.f ? 0.f : v;  // rounding can go below 0; NaN stays NaN
-      a.mean[n * a.g + g] = shift + m;
-      a.rstd[n * a.g + g] = rsqrtf(var + a.eps);
+      emit(gl, shift + m, rsqrtf(var + a.eps));
     }
   }
-  __threadfence();
-  __syncthreads();
+}
+
+// The statistics of a task, written to a.mean / a.rstd (the two-pass stats launch's last block).
+template <typename T>
+__device__ void combine_task(const GnArgs& a, int64_t task) {
+  const int64_t ng0 = task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
+  group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+    a.mean[ng0 + gl] = mean;
+    a.rstd[ng0 + gl] = rstd;
+  });
 }
 
 // ---------------------------------------------------------------- one member's phases
@@ -315,83 +361,84 @@ __device__ void combine_task(const GnArgs& a, int64_t task, const float2* parts)
 // slots - 1 chunks are in flight while one is summed) and writes their partials. On return the
 // last min(slots, chunks) chunks are in their slots. Returns the number of chunks.
 template <typename T, int V>
-__device__ int64_t member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
+__device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
   const TaskLane lane(a);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
   const int64_t tiles = a.tiles_per_task;
-  float2* parts = reinterpret_cast<float2*>(a.workspace + a.off_partials) + task * (a.window / (a.c / a.g)) * tiles;
-  const int cpg = static_cast<int>(a.c / a.g);
+  float2* parts = const_cast<float2*>(task_partials(a, task));
+  const int cpg = channels_per_group(a);
+  const int slots = a.slots;
+  const int ahead = slots - 1;
+  const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
+  for (int q = 0; q < ahead; ++q) {
+    if (q < chunks) load_chunk<T, V>(a, lane, base, chunk_at(a, t0, q), sm.slot(q, slots));
+    cp_async_commit();
+  }
   float shift[V], s1[V], s2[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int cl = lane.col * V + v;
-    const int64_t first = cl < a.window ? c0 + cl / cpg * cpg : c0;
-    shift[v] = lane.active ? to_float(base[first - c0]) : 0.f;  // x[n, row 0, group's first channel]
+    const int first = cl < a.window ? cl / cpg * cpg : 0;
+    shift[v] = lane.active ? to_float(base[first]) : 0.f;  // x[n, row 0, group's first channel]
     s1[v] = s2[v] = 0.f;
   }
-  const int slots = a.slots;
-  const int ahead = slots - 1;
-  const int64_t chunks = (t1 - t0) * chunks_per_tile(a);
-  for (int64_t q = 0; q < ahead; ++q) {
-    if (q < chunks) load_chunk<T, V>(a, base, chunk_at(a, t0, q), sm.slot(q, slots));
-    cp_async_commit();
-  }
-  for (int64_t q = 0; q < chunks; ++q) {
-    const int64_t next = q + ahead;
-    if (next < chunks) load_chunk<T, V>(a, base, chunk_at(a, t0, next), sm.slot(next, slots));
+  for (int q = 0; q < chunks; ++q) {
+    const int next = q + ahead;  // into the slot of chunk q - 1, which this thread has summed
+    if (next < chunks) load_chunk<T, V>(a, lane, base, chunk_at(a, t0, next), sm.slot(next, slots));
     cp_async_commit();
     cp_async_wait(ahead);
-    __syncthreads();
     const Chunk ch = chunk_at(a, t0, q);
     accumulate_chunk<T, V>(a, lane, sm.slot(q, slots), ch.rows, shift, s1, s2);
     if (ch.last_of_tile) finish_tile<T, V>(a, lane, sm, s1, s2, parts + ch.tile, tiles);
-    __syncthreads();  // the slot is refilled next iteration
   }
   return chunks;
 }
 
-// Writes y for the tiles [t0, t1) of `task`, chunks in reverse order. With `kept`, the last
-// min(slots, chunks) chunks are already in their slots (member_stats just read them); the others
-// are read again, each into the slot its successor frees. Returns the number of chunks re-read.
+// Writes y for the tiles [t0, t1) of `task`, chunks in reverse order, with the group statistics in
+// sm.grp and the parameters in sm.param (both visible). The last `kept` chunks are already in their
+// slots (member_stats just read them); the others are read again, each into the slot its successor
+// frees. Returns the number of chunks re-read.
 template <typename T, int V>
-__device__ int64_t member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
-                                bool kept) {
+__device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
+                            int kept) {
   const TaskLane lane(a);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
   T* out = static_cast<T*>(a.out) + n * a.s * a.c + c0;
-  const int cpg = static_cast<int>(a.c / a.g);
+  const int cpg = channels_per_group(a);
   float mean[V], scale[V], beta[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int cl = min(lane.col * V + v, static_cast<int>(a.window) - 1);
-    const int64_t c = c0 + cl, ng = n * a.g + c / cpg;
-    mean[v] = __ldcg(a.mean + ng);
-    scale[v] = __ldcg(a.rstd + ng) * load_param(a.weight, a.w_dtype, c, 1.f);
-    beta[v] = load_param(a.bias, a.w_dtype, c, 0.f);
+    const float2 st = sm.grp[cl / cpg], pr = sm.param[cl];
+    mean[v] = st.x;
+    scale[v] = st.y * pr.x;
+    beta[v] = pr.y;
   }
   const int slots = a.slots;
-  const int64_t chunks = (t1 - t0) * chunks_per_tile(a);
-  int64_t reread = 0;
+  const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
+  const int fresh = chunks - kept;  // chunks [0, fresh) are read again
+  int reread = 0;
   for (int i = 0; i < slots; ++i) {
-    const int64_t q = chunks - 1 - i;
-    if (!kept && q >= 0) {
-      load_chunk<T, V>(a, base, chunk_at(a, t0, q), sm.slot(q, slots));
+    const int q = chunks - 1 - i;
+    if (q >= 0 && q < fresh) {
+      load_chunk<T, V>(a, lane, base, chunk_at(a, t0, q), sm.slot(q, slots));
       ++reread;
     }
     cp_async_commit();
   }
-  for (int64_t q = chunks - 1; q >= 0; --q) {
+  const int64_t ystep = static_cast<int64_t>(a.rows_threads) * a.c;
+  const int sstep = a.rows_threads * static_cast<int>(a.window);
+  for (int q = chunks - 1; q >= 0; --q) {
     cp_async_wait(slots - 1);
-    __syncthreads();
     const Chunk ch = chunk_at(a, t0, q);
     if (lane.active) {
-      const T* s = sm.slot(q, slots) + lane.col * V;
-      T* y = out + ch.row0 * a.c + lane.col * V;
-#pragma unroll 4
-      for (int r = lane.row; r < ch.rows; r += a.rows_threads) {
-        const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s + static_cast<int64_t>(r) * a.window);
+      const T* s = sm.slot(q, slots) + lane.row * static_cast<int>(a.window) + lane.col * V;
+      T* y = out + (ch.row0 + lane.row) * a.c + lane.col * V;
+#pragma unroll 2
+      for (int r = lane.row; r < ch.rows; r += a.rows_threads, s += sstep, y += ystep) {
+        const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
         Pack<T, V> o;
 #pragma unroll
         for (int v = 0; v < V; ++v) {
@@ -399,24 +446,19 @@ __device__ int64_t member_apply(const GnArgs& a, int64_t task, int64_t t0, int64
           if (a.act == 1) z *= sigmoid(z);
           o.v[v] = from_float<T>(z);
         }
-        store_pack_streaming<T, V>(y + static_cast<int64_t>(r) * a.c, o);
+        store_pack_streaming<T, V>(y, o);
       }
     }
-    __syncthreads();  // the slot is refilled below
-    const int64_t older = q - slots;
-    if (older >= 0) {
-      load_chunk<T, V>(a, base, chunk_at(a, t0, older), sm.slot(older, slots));
+    // This thread's elements of slot q are consumed (the stores above used them): refill it.
+    const int older = q - slots;
+    if (older >= 0 && older < fresh) {
+      load_chunk<T, V>(a, lane, base, chunk_at(a, t0, older), sm.slot(older, slots));
       ++reread;
     }
     cp_async_commit();
   }
+  __syncthreads();  // sm.grp and sm.param are rewritten for the next task
   return reread;
-}
-
-// Partials of a task: [group of the window][tile].
-__device__ __forceinline__ const float2* task_partials(const GnArgs& a, int64_t task) {
-  return reinterpret_cast<const float2*>(a.workspace + a.off_partials) +
-         task * (a.window / (a.c / a.g)) * a.tiles_per_task;
 }
 
 }  // namespace gn

@@ -457,11 +457,11 @@ def task_tiling(
 
 
 def task_smem_bytes(t: TaskTiling, slots: int) -> int:
-    """Dynamic shared memory of the task kernels (csrc TaskSmem): chunk slots, column scratch,
-    per-channel totals and per-group accumulators."""
+    """Dynamic shared memory of the task kernels (csrc TaskSmem): chunk slots, the column scratch
+    (float2 per thread row and column), per-channel totals and (weight, bias), per-group (mean, rstd)."""
     width = t.cols_threads * t.vec
-    scratch = _round_up(max(THREADS // 32, t.rows_threads) * width * 4, 16)
-    return slots * t.chunk_bytes + scratch + width * 8 + t.groups_per_window * 8
+    scratch = max(THREADS // 32, t.rows_threads) * width * 8
+    return slots * t.chunk_bytes + scratch + 2 * width * 8 + t.groups_per_window * 8
 
 
 def task_slots(t: TaskTiling, smem_budget: int) -> int:
@@ -508,7 +508,8 @@ def member_tiles(tiles_per_task: int, team_size: int, member: int) -> tuple[int,
 
 def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
     """The team size that minimizes the busiest block's traffic (in chunks: read, write, re-read)
-    plus a per-round overhead, for `blocks` resident blocks that hold `slots` chunks each."""
+    plus a per-round overhead, for `blocks` resident blocks that hold `slots` chunks each; among
+    equals, the one that launches the most blocks."""
     if blocks < 1 or slots < 1:
         raise ValueError(f"need blocks >= 1 and slots >= 1, got {blocks} and {slots}")
     best: tuple[float, TaskTeams] | None = None
@@ -517,7 +518,8 @@ def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
         rounds = -(-t.tasks // teams)
         chunks = -(-t.tiles_per_task // m) * t.chunks_per_tile
         overflow = max(0, chunks - slots)
-        cost = rounds * (2 * chunks + overflow + ROUND_OVERHEAD_CHUNKS)
+        # ties go to the larger grid: the same busiest block, but more SMs streaming
+        cost = (rounds * (2 * chunks + overflow + ROUND_OVERHEAD_CHUNKS), -m * teams)
         if best is None or cost < best[0]:
             best = (cost, TaskTeams(m, teams, rounds, chunks, overflow))
     assert best is not None
@@ -590,6 +592,8 @@ def make_task_plan(
     if not 1 <= slots <= MAX_SLOTS:
         raise ValueError(f"slots must be in 1..{MAX_SLOTS}, got {slots}")
     partials = 2 * t.tasks * t.groups_per_window * t.tiles_per_task
+    if schedule == 2:  # a two-pass block holds one tile: no more slots than its chunks (more blocks per SM)
+        slots = min(slots, t.chunks_per_tile)
     teams = None
     if schedule == 1:
         blocks = residency if cap is None else min(residency, cap)
