@@ -65,8 +65,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 
 // ---------------------------------------------------------------- task architecture
 // One launch: a persistent grid of teams; team j runs tasks j, j + teams, ...; each member reduces
-// its tiles, the team meets at the task's barrier, every member combines the task's partials
-// itself (the same fixed order) and applies from the chunks it kept.
+// its tiles, the last to arrive combines the task's partials and publishes mean/rstd with the
+// task's flag, and every member applies from the chunks it kept. (Every member combining for
+// itself was measured slower: hundreds of blocks reading the same partials at once.)
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
@@ -80,21 +81,33 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
     const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
     int round = 0;
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
-      // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r barrier passed,
-      // 3 + 4r statistics combined, 4 + 4r applied
-      load_task_params(a, task, sm.param);
+      // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived,
+      // 3 + 4r statistics in shared memory, 4 + 4r applied
       const int chunks = member_stats<T, V>(a, task, t0, t1, sm);
       trace_point(a, 1 + 4 * round);
-      task_barrier(a, task, target);
+      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       trace_point(a, 2 + 4 * round);
       const int64_t ng0 = task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
-      group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
-        sm.grp[gl] = make_float2(mean, rstd);
-        if (member == 0) {
+      if (last) {  // combine once, publish mean/rstd with the task's flag
+        group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+          sm.grp[gl] = make_float2(mean, rstd);
           a.mean[ng0 + gl] = mean;
           a.rstd[ng0 + gl] = rstd;
+        });
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          __threadfence();
+          store_release(flags(a, task), target);
         }
-      });
+      } else {
+        if (threadIdx.x == 0) {
+          while (load_acquire(flags(a, task)) != target) __nanosleep(32);
+        }
+        __syncthreads();
+        for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
+          sm.grp[gl] = make_float2(__ldcg(a.mean + ng0 + gl), __ldcg(a.rstd + ng0 + gl));
+        }
+      }
       __syncthreads();
       trace_point(a, 3 + 4 * round);
       reread += member_apply<T, V>(a, task, t0, t1, sm, min(chunks, a.slots));
@@ -133,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
   const int64_t b = static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x;
   const int64_t task = b / a.tiles_per_task, tile = b % a.tiles_per_task;
-  load_task_params(a, task, sm.param);
+  load_task_params(a, task, sm.param);  // (member_stats does this in the other kernels)
   const int64_t ng0 = task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
   for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
     sm.grp[gl] = make_float2(__ldcg(a.mean + ng0 + gl), __ldcg(a.rstd + ng0 + gl));

@@ -99,18 +99,6 @@ __device__ __forceinline__ bool arrive(unsigned* counter, unsigned expected) {
   return last;
 }
 
-// A task-local barrier of the one-pass kernel: every member counts in; the last one raises the
-// task's flag, the others wait for it. On return every member's partials are visible.
-__device__ __forceinline__ void task_barrier(const GnArgs& a, int64_t task, unsigned target) {
-  __syncthreads();
-  if (arrive_thread0(arrivals(a, task), static_cast<unsigned>(a.team_size))) {
-    store_release(flags(a, task), target);
-  } else if (threadIdx.x == 0) {
-    while (load_acquire(flags(a, task)) != target) __nanosleep(32);
-  }
-  __syncthreads();
-}
-
 // ---------------------------------------------------------------- profiling
 // Optional phase timeline (GnArgs::trace, scripts/profile_tasks.py --trace): thread 0 of each block
 // records clock64() at numbered points; one null check per point when off.
@@ -170,7 +158,7 @@ struct TaskSmem {
     extern __shared__ __align__(16) unsigned char smem[];
     const int64_t slot_bytes = (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
     const int width = a.cols_threads * a.vec;
-    const int srows = max(kWarps, a.rows_threads);
+    const int srows = (32 % a.cols_threads) == 0 ? kWarps : a.rows_threads;  // finish_tile's rows
     slot0 = reinterpret_cast<T*>(smem);
     slot_elems = static_cast<int>(slot_bytes / static_cast<int64_t>(sizeof(T)));
     unsigned char* p = smem + a.slots * slot_bytes;
@@ -358,8 +346,9 @@ __device__ void combine_task(const GnArgs& a, int64_t task) {
 
 // ---------------------------------------------------------------- one member's phases
 // Reduces the tiles [t0, t1) of `task` chunk by chunk through the ring of `slots` chunks (the next
-// slots - 1 chunks are in flight while one is summed) and writes their partials. On return the
-// last min(slots, chunks) chunks are in their slots. Returns the number of chunks.
+// slots - 1 chunks are in flight while one is summed) and writes their partials; also loads the
+// task's weight and bias into sm.param. On return the last min(slots, chunks) chunks are in their
+// slots. Returns the number of chunks.
 template <typename T, int V>
 __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
   const TaskLane lane(a);
@@ -375,6 +364,8 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     if (q < chunks) load_chunk<T, V>(a, lane, base, chunk_at(a, t0, q), sm.slot(q, slots));
     cp_async_commit();
   }
+  // after the copies are in flight: these loads' latency overlaps theirs
+  load_task_params(a, task, sm.param);
   float shift[V], s1[V], s2[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {

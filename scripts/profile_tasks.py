@@ -16,8 +16,8 @@ import gn_module
 SHAPES = [((2, 320, 64, 64), 32, "silu"), ((1, 512, 128, 128), 32, "silu"), ((32, 128, 256, 256), 32, None)]
 
 
-#: One-pass trace points per round r: 1+4r stats done, 2+4r barrier passed, 3+4r statistics combined, 4+4r applied.
-PHASES = ("stats", "barrier", "combine", "apply")
+#: One-pass trace points per round r: 1+4r stats done, 2+4r arrived, 3+4r mean/rstd in smem, 4+4r applied.
+PHASES = ("stats", "arrive", "wait+stats", "apply")
 
 
 def print_trace(label: str, trace: torch.Tensor, ghz: float) -> None:

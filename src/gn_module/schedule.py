@@ -460,7 +460,8 @@ def task_smem_bytes(t: TaskTiling, slots: int) -> int:
     """Dynamic shared memory of the task kernels (csrc TaskSmem): chunk slots, the column scratch
     (float2 per thread row and column), per-channel totals and (weight, bias), per-group (mean, rstd)."""
     width = t.cols_threads * t.vec
-    scratch = max(THREADS // 32, t.rows_threads) * width * 8
+    # finish_tile folds a warp's rows first when a warp holds whole rows (32 % columns == 0)
+    scratch = (THREADS // 32 if 32 % t.cols_threads == 0 else t.rows_threads) * width * 8
     return slots * t.chunk_bytes + scratch + 2 * width * 8 + t.groups_per_window * 8
 
 
