@@ -95,10 +95,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
           a.rstd[ng0 + gl] = rstd;
         });
         __syncthreads();
-        if (threadIdx.x == 0) {
-          __threadfence();
-          store_release(flags(a, task), target);
-        }
+        if (threadIdx.x == 0) store_release(flags(a, task), target);  // after the barrier: covers all threads' writes
       } else {
         if (threadIdx.x == 0) {
           while (load_acquire(flags(a, task)) != target) __nanosleep(32);

@@ -77,16 +77,15 @@ __device__ __forceinline__ void finish_launch(const GnArgs& a) {
   }
 }
 
-// Counts this block in (thread 0 fences once, after the block's barrier: the block's writes are
-// ordered before the count); true in thread 0 of the block that completes `expected` arrivals,
-// which also resets the counter to zero for the next launch.
+// Counts this block in, after the block's barrier (called by thread 0 only): an acquire-release
+// add, so the block's writes are ordered before the count and the last block sees everyone's
+// (the bar.sync + one-thread release pattern; a sequentially consistent fence costs more). True for
+// the block that completes `expected` arrivals, which also resets the counter for the next launch.
 __device__ __forceinline__ bool arrive_thread0(unsigned* counter, unsigned expected) {
-  bool last = false;
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(counter, 1u) == expected - 1;
-    if (last) *counter = 0;
-  }
+  unsigned old;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
+  const bool last = old == expected - 1;
+  if (last) *counter = 0;
   return last;
 }
 
@@ -94,7 +93,7 @@ __device__ __forceinline__ bool arrive_thread0(unsigned* counter, unsigned expec
 __device__ __forceinline__ bool arrive(unsigned* counter, unsigned expected) {
   __shared__ int last;
   __syncthreads();
-  if (threadIdx.x == 0) last = arrive_thread0(counter, expected);
+  if (threadIdx.x == 0) last = arrive_thread0(counter, expected);  // after the barrier above
   __syncthreads();
   return last;
 }
