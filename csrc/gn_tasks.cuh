@@ -385,6 +385,27 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   return chunks;
 }
 
+// y = act((x - mean) * scale + beta) for one thread's rows of a chunk held in shared memory.
+// SiLU as z / (1 + exp(-z)) with the fast division: no slow-path branch per element (exp(-z)
+// overflowing to inf gives -0, the limit).
+template <typename T, int V, bool kSilu>
+__device__ __forceinline__ void apply_rows(const T* s, T* y, int row, int rows, int rows_step, int sstep,
+                                           int64_t ystep, const float (&mean)[V], const float (&scale)[V],
+                                           const float (&beta)[V]) {
+#pragma unroll 2
+  for (int r = row; r < rows; r += rows_step, s += sstep, y += ystep) {
+    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
+    Pack<T, V> o;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      float z = fmaf(to_float(x.v[v]) - mean[v], scale[v], beta[v]);
+      if constexpr (kSilu) z = __fdividef(z, 1.f + __expf(-z));
+      o.v[v] = from_float<T>(z);
+    }
+    store_pack_streaming<T, V>(y, o);
+  }
+}
+
 // Writes y for the tiles [t0, t1) of `task`, chunks in reverse order, with the group statistics in
 // sm.grp and the parameters in sm.param (both visible). The last `kept` chunks are already in their
 // slots (member_stats just read them); the others are read again, each into the slot its successor
@@ -426,17 +447,11 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     if (lane.active) {
       const T* s = sm.slot(q, slots) + lane.row * static_cast<int>(a.window) + lane.col * V;
       T* y = out + (ch.row0 + lane.row) * a.c + lane.col * V;
-#pragma unroll 2
-      for (int r = lane.row; r < ch.rows; r += a.rows_threads, s += sstep, y += ystep) {
-        const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
-        Pack<T, V> o;
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          float z = fmaf(to_float(x.v[v]) - mean[v], scale[v], beta[v]);
-          if (a.act == 1) z *= sigmoid(z);
-          o.v[v] = from_float<T>(z);
-        }
-        store_pack_streaming<T, V>(y, o);
+      // the activation is chosen once per chunk, so the row loop has no branches
+      if (a.act == 1) {
+        apply_rows<T, V, true>(s, y, lane.row, ch.rows, a.rows_threads, sstep, ystep, mean, scale, beta);
+      } else {
+        apply_rows<T, V, false>(s, y, lane.row, ch.rows, a.rows_threads, sstep, ystep, mean, scale, beta);
       }
     }
     // This thread's elements of slot q are consumed (the stores above used them): refill it.
