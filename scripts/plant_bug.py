@@ -85,7 +85,9 @@ PLANTINGS = {
         + FWD_ONEPASS_TILE_CALL,
         "one-pass forward: the partial last tile of a slice, when it is an overflow tile, skips the "
         "reductions and is never applied",
-        "fwd and partial and not x1-", True,
+        # not blind before: on the H200 the old suite's backward cases x2p1/x4p3 caught it (12 of
+        # 96), through the forward they run first
+        "fwd and partial and not x1-", False,
     ),
     "sample-boundary": Planting(
         "gn_kernels.cuh", TILE_SAMPLE,
