@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
       trace_point(a, 1 + 4 * round);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       trace_point(a, 2 + 4 * round);
-      const int64_t ng0 = task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
+      const int64_t ng0 = task_group0(a, task);
       if (last) {  // combine once, publish mean/rstd with the task's flag
         group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
           sm.grp[gl] = make_float2(mean, rstd);
@@ -101,9 +101,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
           while (load_acquire(flags(a, task)) != target) __nanosleep(32);
         }
         __syncthreads();
-        for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
-          sm.grp[gl] = make_float2(__ldcg(a.mean + ng0 + gl), __ldcg(a.rstd + ng0 + gl));
-        }
+        load_group_stats(a, task, sm.grp);
       }
       __syncthreads();
       trace_point(a, 3 + 4 * round);
@@ -144,10 +142,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const int64_t b = static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x;
   const int64_t task = b / a.tiles_per_task, tile = b % a.tiles_per_task;
   load_task_params(a, task, sm.param);  // (member_stats does this in the other kernels)
-  const int64_t ng0 = task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
-  for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
-    sm.grp[gl] = make_float2(__ldcg(a.mean + ng0 + gl), __ldcg(a.rstd + ng0 + gl));
-  }
+  load_group_stats(a, task, sm.grp);
   __syncthreads();
   const int reread = member_apply<T, V>(a, task, tile, tile + 1, sm, 0);
   record(a, 2, 1);

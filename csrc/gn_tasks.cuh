@@ -210,6 +210,19 @@ __device__ __forceinline__ void load_task_params(const GnArgs& a, int64_t task, 
   }
 }
 
+// The first (sample, group) index of a task's window in mean/rstd.
+__device__ __forceinline__ int64_t task_group0(const GnArgs& a, int64_t task) {
+  return task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
+}
+
+// A task's mean and rstd from global memory (published by another block) into shared memory.
+__device__ __forceinline__ void load_group_stats(const GnArgs& a, int64_t task, float2* grp) {
+  const int64_t ng0 = task_group0(a, task);
+  for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
+    grp[gl] = make_float2(__ldcg(a.mean + ng0 + gl), __ldcg(a.rstd + ng0 + gl));
+  }
+}
+
 // ---------------------------------------------------------------- reductions
 // Per-thread sums of (x - K) and (x - K)^2 over this thread's rows of the chunk, in row order.
 template <typename T, int V>
@@ -336,7 +349,7 @@ __device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&
 // The statistics of a task, written to a.mean / a.rstd (the two-pass stats launch's last block).
 template <typename T>
 __device__ void combine_task(const GnArgs& a, int64_t task) {
-  const int64_t ng0 = task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
+  const int64_t ng0 = task_group0(a, task);
   group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
     a.mean[ng0 + gl] = mean;
     a.rstd[ng0 + gl] = rstd;
