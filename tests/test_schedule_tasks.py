@@ -128,3 +128,33 @@ def test_plans_grid_and_workspace() -> None:
         schedule.make_task_plan(t, 1, 0, residency=264)
     with pytest.raises(ValueError):
         schedule.make_task_plan(t, 1, 6, residency=0)
+
+
+def test_reread_tiles_counts_the_chunks_members_cannot_keep() -> None:
+    # 32x128x256x256 fp16: 256 tiles of 2 chunks per task; 88-member teams hold 3 tiles (6 chunks)
+    t = schedule.task_tiling(128, 32, 65536, 2, "fwd", batch=32)
+    assert t.chunks_per_tile == 2
+    kept = schedule.make_task_plan(t, 1, 6, residency=264)
+    assert kept.teams.overflow_chunks == 0 and kept.reread_tiles == 0
+    # cap 7: one team of 7, members of 36-37 tiles (72-74 chunks) holding 6 chunks: 33-34 tiles re-read
+    capped = schedule.make_task_plan(t, 1, 6, residency=264, cap=7)
+    expected = 0
+    for m in range(capped.teams.team_size):
+        t0, t1 = schedule.member_tiles(t.tiles_per_task, capped.teams.team_size, m)
+        expected += -(-max(0, (t1 - t0) * 2 - 6) // 2)
+    assert capped.reread_tiles == expected * t.tasks > 0
+    assert schedule.make_task_plan(t, 2, 6, residency=264).reread_tiles == 0
+    assert capped.describe()["reread_tiles"] == capped.reread_tiles
+
+
+def test_bench_plan_cell_prefers_the_task_overflow() -> None:
+    from types import SimpleNamespace
+
+    from gn_module.bench.report import _plan_cell
+
+    def cell(plan: dict) -> str:
+        return _plan_cell(SimpleNamespace(plan=plan))  # the cell reads only the result's plan
+
+    assert cell({"schedule": 1, "grid": 264, "overflow_tiles": 16120, "reread_tiles": 0}) == "1p grid 264"
+    assert cell({"schedule": 1, "grid": 7, "overflow_tiles": 9, "reread_tiles": 4}) == "1p grid 7 +4 re-read"
+    assert cell({"schedule": 1, "grid": 264, "overflow_tiles": 760}) == "1p grid 264 +760 ovf"

@@ -559,6 +559,20 @@ class TaskPlan:
         return max(0, self.tiles - self.grid)
 
     @property
+    def reread_tiles(self) -> int:
+        """Tiles the one-pass kernel reads twice (a member's chunks beyond its slots: the task
+        architecture's real overflow); the two-pass kernels read every tile twice by design, 0."""
+        if self.teams is None:
+            return 0
+        t, m = self.tiling, self.teams.team_size
+        per_task = 0
+        for member in range(m):
+            t0, t1 = member_tiles(t.tiles_per_task, m, member)
+            over = max(0, (t1 - t0) * t.chunks_per_tile - self.slots)  # its first `over` chunks
+            per_task += -(-over // t.chunks_per_tile)
+        return per_task * t.tasks
+
+    @property
     def waves(self) -> int:
         return -(-self.tiles // self.grid) if self.grid else 0
 
@@ -577,7 +591,8 @@ class TaskPlan:
 
     def describe(self) -> dict:
         out = asdict(self)
-        out.update(smem=self.smem, workspace_bytes=self.workspace_bytes, tiles=self.tiles)
+        out.update(smem=self.smem, workspace_bytes=self.workspace_bytes, tiles=self.tiles,
+                   reread_tiles=self.reread_tiles)
         return out
 
 

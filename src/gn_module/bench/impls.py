@@ -42,7 +42,7 @@ AUTO_SCHEDULE_NAMES = (
     "pick_schedule",
     "select_schedule",
 )
-PLAN_FIELDS = ("schedule", "grid", "tiles", "overflow_tiles", "residency", "waves", "cap")
+PLAN_FIELDS = ("schedule", "grid", "tiles", "overflow_tiles", "reread_tiles", "residency", "waves", "cap")
 
 
 @dataclass

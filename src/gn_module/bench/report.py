@@ -74,7 +74,10 @@ def _plan_cell(r: Result | None) -> str:
     parts = [f"{p.get('schedule', '?')}p"]
     if "grid" in p:
         parts.append(f"grid {p['grid']}")
-    if p.get("overflow_tiles"):
+    if "reread_tiles" in p:  # task plans: members keep their tiles; only these are read again
+        if p["reread_tiles"]:
+            parts.append(f"+{p['reread_tiles']} re-read")
+    elif p.get("overflow_tiles"):
         parts.append(f"+{p['overflow_tiles']} ovf")
     return " ".join(parts)
 
