@@ -14,6 +14,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "group_norm": "gn_module.functional",
     "GroupNorm": "gn_module.module",
+    "GroupNormError": "gn_module.functional",
+    "GroupNormTypeError": "gn_module.functional",
+    "GroupNormDtypeError": "gn_module.functional",
     "max_resident_blocks": "gn_module.ops",
     "plan": "gn_module.ops",
     "build_variant": "gn_module.ops",

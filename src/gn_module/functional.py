@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import operator
+import sys
 from typing import Literal
 
 import torch
@@ -13,57 +16,159 @@ FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 Passes = Literal["auto", 1, 2]
 
 
+class GroupNormError(ValueError, RuntimeError):
+    """An argument `torch.nn.functional.group_norm` rejects with RuntimeError (bad shapes, groups, dims).
+
+    Also a ValueError, the type gn_module raised before, so both kinds of ``except`` keep working.
+    """
+
+
+class GroupNormTypeError(TypeError, RuntimeError):
+    """weight/bias dtypes torch's GroupNorm rejects with RuntimeError ("mixed dtype"); also a TypeError."""
+
+
+class GroupNormDtypeError(GroupNormTypeError, NotImplementedError):
+    """An input dtype GroupNorm has no kernel for (integer, bool, complex, float8): torch raises
+    NotImplementedError; also a TypeError, as before."""
+
+
+class GroupNormArgTypeError(ValueError, TypeError):
+    """``num_groups`` that is not an integer: torch raises TypeError; also a ValueError, as before."""
+
+
+class GroupNormZeroGroupsError(GroupNormError, ZeroDivisionError):
+    """``num_groups=0``: torch divides by it (ZeroDivisionError); also a ValueError, as before."""
+
+
+# The dtypes torch's GroupNorm kernels take; parameters match the input, or are float32 for a
+# float16/bfloat16 input (torch's "mixed dtype" rule).
+KERNEL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+REDUCED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _numpy_scalar(value: object, kinds: str) -> bool:
+    """``value`` is a numpy scalar whose dtype kind is in ``kinds`` (numpy is not imported for this)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.generic) and value.dtype.kind in kinds
+
+
+def _autocast_enabled(x: torch.Tensor) -> bool:
+    try:
+        return torch.is_autocast_enabled(x.device.type)
+    except RuntimeError:  # a device type autocast does not know (meta)
+        return False
+
+
+def as_num_groups(num_groups: object) -> int:
+    """``num_groups`` as an int, accepting what torch accepts: int, numpy integer, 0-d integer tensor."""
+    if type(num_groups) is int:
+        return num_groups
+    if isinstance(num_groups, bool) or _numpy_scalar(num_groups, "b"):
+        ok = False
+    elif isinstance(num_groups, torch.Tensor):
+        ok = num_groups.dim() == 0 and not (num_groups.is_floating_point() or num_groups.is_complex())
+        ok = ok and num_groups.dtype != torch.bool
+    else:
+        ok = isinstance(num_groups, int) or _numpy_scalar(num_groups, "iu")
+    if not ok:
+        raise GroupNormArgTypeError(
+            f"group_norm(): num_groups must be an int, got {type(num_groups).__name__} {num_groups!r}"
+        )
+    return operator.index(num_groups)  # type: ignore[arg-type]
+
+
+def as_eps(eps: object) -> float:
+    """``eps`` as a float, accepting what torch accepts: any real number (0 and negative included),
+    a numpy scalar, or a 0-d tensor that does not require grad."""
+    if type(eps) is float:
+        return eps
+    if isinstance(eps, torch.Tensor):
+        if eps.dim() == 0 and not eps.requires_grad:
+            return float(eps.real if eps.is_complex() else eps)
+    elif isinstance(eps, (int, float)) or _numpy_scalar(eps, "biuf"):
+        return float(eps)  # type: ignore[arg-type]
+    raise TypeError(f"group_norm(): eps must be a float, got {type(eps).__name__}")
+
+
 def check_args(
     x: torch.Tensor,
-    num_groups: int,
+    num_groups: object,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
-    eps: float,
+    eps: object,
     act: str | None,
     passes: object,
-) -> None:
-    """Raise a clear exception for any input torch's GroupNorm or ours would reject."""
+) -> tuple[int, float]:
+    """Raise what torch's GroupNorm raises for inputs it rejects (an exception catchable as torch's type,
+    checked in torch's order), or a clear exception for our own arguments; returns the normalized
+    ``(num_groups, eps)``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"group_norm(): expected input to be a Tensor, got {type(x).__name__}")
-    if x.dim() < 2:
-        raise ValueError(
-            f"group_norm(): expected input with at least 2 dimensions, got input of size {list(x.shape)}"
+    shape = x.shape
+    if len(shape) < 2:
+        raise GroupNormError(
+            f"group_norm(): expected input with at least 2 dimensions, got input of size {list(shape)}"
         )
-    if not (x.is_floating_point()):
-        raise TypeError(f"group_norm(): expected a floating-point input, got {x.dtype}")
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
-        raise ValueError(f"group_norm(): num_groups must be a positive int, got {num_groups!r}")
-    channels = x.shape[1]
-    if channels % num_groups:
+    groups = as_num_groups(num_groups)
+    if groups == 0:
+        raise GroupNormZeroGroupsError(f"group_norm(): num_groups must be a positive int, got {groups}")
+    # torch.nn.functional.group_norm's _verify_batch_size, which raises ValueError.
+    if shape[0] * shape[1] // groups == 1 and math.prod(shape[2:]) == 1:
         raise ValueError(
-            f"group_norm(): expected number of channels in input to be divisible by num_groups, "
-            f"but got input of shape {list(x.shape)} and num_groups={num_groups}"
+            f"group_norm(): expected more than 1 value per channel, got input of size {list(shape)} "
+            f"and num_groups={groups}"
         )
     for name, p in (("weight", weight), ("bias", bias)):
-        if p is None:
-            continue
-        if not isinstance(p, torch.Tensor):
+        if p is not None and not isinstance(p, torch.Tensor):
             raise TypeError(f"group_norm(): {name} must be a Tensor or None, got {type(p).__name__}")
+    eps = as_eps(eps)
+    if groups < 0:
+        raise GroupNormError(f"group_norm(): num_groups must be a positive int, got {groups}")
+    channels = shape[1]
+    if channels % groups:
+        raise GroupNormError(
+            f"group_norm(): expected number of channels in input to be divisible by num_groups, "
+            f"but got input of shape {list(shape)} and num_groups={groups}"
+        )
+    params = [(name, p) for name, p in (("weight", weight), ("bias", bias)) if p is not None]
+    for name, p in params:
         if p.shape != (channels,):
-            raise ValueError(
+            raise GroupNormError(
                 f"group_norm(): expected {name} to be a 1-D tensor of size {channels} (the number of "
                 f"channels), got size {list(p.shape)}"
             )
-        if not p.is_floating_point():
-            raise TypeError(f"group_norm(): expected {name} to be floating point, got {p.dtype}")
-        if p.device != x.device:
+    device, dtype = x.device, x.dtype
+    for name, p in params:
+        if p.device != device:
             raise RuntimeError(
                 f"group_norm(): expected all tensors to be on the same device, but found input on "
-                f"{x.device} and {name} on {p.device}"
+                f"{device} and {name} on {p.device}"
             )
     if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        raise TypeError(f"group_norm(): weight ({weight.dtype}) and bias ({bias.dtype}) must share a dtype")
+        raise GroupNormTypeError(
+            f"group_norm(): weight ({weight.dtype}) and bias ({bias.dtype}) must share a dtype"
+        )
+    # Under autocast the mix is let through to torch's path, which computes in the parameter dtype:
+    # on CUDA torch's autocast casts group_norm's inputs to float32 before its own check, and
+    # FSDP2's float16-parameter policy under bf16 autocast meets bf16 activations (on CPU too).
+    if params:
+        name, p_dtype = params[0][0], params[0][1].dtype
+        mixed = p_dtype != dtype and not (dtype in REDUCED_DTYPES and p_dtype == torch.float32)
+        if mixed and not _autocast_enabled(x):
+            raise GroupNormTypeError(
+                f"group_norm(): expected {name} to be floating point of the input's dtype {dtype} "
+                f"(or float32 for a float16/bfloat16 input), got {p_dtype}"
+            )
+    if dtype not in KERNEL_DTYPES:
+        raise GroupNormDtypeError(
+            f"group_norm(): expected a floating-point input (float32, float64, float16 or bfloat16), "
+            f"got {dtype}"
+        )
     if act not in ACTS:
         raise ValueError(f"group_norm(): unsupported act {act!r}; expected one of {ACTS}")
     if passes not in ("auto", 1, 2):
         raise ValueError(f"group_norm(): passes must be 'auto', 1 or 2, got {passes!r}")
-    if not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"group_norm(): eps must be a positive number, got {eps!r}")
+    return groups, eps
 
 
 def channels_last_view(x: torch.Tensor) -> torch.Tensor | None:
@@ -96,9 +201,11 @@ def native_group_norm(
     act: str | None,
 ) -> torch.Tensor:
     """torch's own GroupNorm (+ SiLU): the reference semantics, used off the fast path."""
-    if weight is not None and weight.dtype != x.dtype:
-        # torch requires matching dtypes; compute in the parameter dtype like autocast would not.
-        y = F.group_norm(x.to(weight.dtype), num_groups, weight, bias, eps).to(x.dtype)
+    param = weight if weight is not None else bias
+    if param is not None and param.dtype != x.dtype:
+        # float32 parameters with a float16/bfloat16 input (or, under autocast, any mix): torch's CUDA
+        # kernel wants one dtype, so compute in the parameter dtype and round once.
+        y = F.group_norm(x.to(param.dtype), num_groups, weight, bias, eps).to(x.dtype)
     else:
         y = F.group_norm(x, num_groups, weight, bias, eps)
     return F.silu(y) if act == "silu" else y
@@ -109,7 +216,7 @@ def group_norm(
     num_groups: int,
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
+    eps: float | torch.Tensor = 1e-5,
     act: str | None = None,
     *,
     passes: Passes = "auto",
@@ -121,10 +228,16 @@ def group_norm(
     weight/bias in float32 or the input's dtype. Everything else runs torch's native GroupNorm.
     ``passes`` forces the one-pass (1) or two-pass (2) schedule; "auto" picks the faster.
     Differentiable in x, weight and bias.
+
+    Arguments follow `torch.nn.functional.group_norm`: ``num_groups`` may be a numpy integer, ``eps``
+    any real number (0 and negative included; the result is finite while each group's variance
+    exceeds -eps) or a 0-d tensor. Inputs torch rejects raise an exception of torch's type: see
+    `GroupNormError`, `GroupNormTypeError` and `GroupNormDtypeError`, which also subclass the
+    ValueError/TypeError raised before.
     """
-    check_args(x, num_groups, weight, bias, eps, act, passes)
+    num_groups, eps = check_args(x, num_groups, weight, bias, eps, act, passes)
     if fast_path_reason(x, weight) is not None:
         return native_group_norm(x, num_groups, weight, bias, eps, act)
     from gn_module import ops
 
-    return ops.group_norm_cuda(x, num_groups, weight, bias, float(eps), act, passes)
+    return ops.group_norm_cuda(x, num_groups, weight, bias, eps, act, passes)
