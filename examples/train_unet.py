@@ -244,7 +244,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    args.channels = tuple(int(c) for c in str(args.channels).split(","))
+    try:
+        args.channels = tuple(int(c) for c in str(args.channels).split(","))
+    except ValueError:
+        p.error(f"--channels expects comma-separated integers, got {args.channels!r}")
+    if min(args.channels) < 1:
+        p.error(f"--channels must all be >= 1, got {args.channels}")
+    if args.groups < 1:
+        p.error(f"--groups must be >= 1, got {args.groups}")
+    if bad := [c for c in args.channels if c % args.groups]:
+        p.error(f"--groups {args.groups} must divide every width in --channels; it does not divide {bad}")
     if args.warmup is None:
         args.warmup = args.steps // 5
     if not 0 <= args.warmup < args.steps:

@@ -7,6 +7,7 @@ the CUDA extension: everything that needs them happens inside hooks and fixtures
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +222,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    _warn_if_profiles_unused(config, items)
+
+
+def _warn_if_profiles_unused(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--gn-profiles picks the profiles of the arch sweep and of the bundled suite's static tests
+    (which also run without the sweep, e.g. under --gn-impl); say so when neither is in the session.
+    Only for the command-line option: an ini key may well be set for occasional sweeps."""
+    given = config.getoption("gn_profiles", default=None)
+    if not given or _state(config).opts.arch_sweep:
+        return
+    if any("gn_profile" in getattr(getattr(item, "callspec", None), "params", {}) for item in items):
+        return
+    warnings.warn(
+        pytest.PytestConfigWarning(
+            f"--gn-profiles {given} has no effect: it picks the GPU profiles of --gn-arch-sweep (and of "
+            "the bundled suite's static tests), and neither runs in this session; add --gn-arch-sweep"
+        ),
+        stacklevel=2,
+    )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -92,7 +99,9 @@ def test_fast_dev_run_swaps_before_optimizer(tmp_path):
     assert model.seen_in_configure_optimizers == [gn_module.GroupNorm]
     assert all(p is params_before[n] for n, p in model.named_parameters())
     assert callback.report is not None and callback.report.summary()["swapped"] == 1
-    assert model.body[0].weight.is_contiguous(memory_format=torch.channels_last)
+    # The trainer's device is the CPU: the memory format is left as is (see test_cpu_target_*).
+    assert model.body[0].weight.is_contiguous()
+    assert not model.body[0].weight.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_layers_from_setup_and_configure_model_are_swapped(tmp_path):
@@ -112,6 +121,8 @@ def test_summary_logged_and_recorded_in_hparams(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         trainer(tmp_path, [GNSwapCallback(exclude="nothing")], logger=logger, max_steps=1).fit(Net())
     assert "GNSwapCallback: swapped 1, fused 1" in caplog.text
+    # Said once, in the summary: on the CPU torch's kernel runs underneath.
+    assert caplog.text.count("the trainer's device is cpu, where the swapped layers run torch's own") == 1
     hparams = logger.experiment.hparams
     assert hparams["gn_swap/swapped"] == 1 and hparams["gn_swap/fused"] == 1
     assert hparams["gn_swap/channels_last"] is True
@@ -210,3 +221,108 @@ def test_bad_options_fail_at_construction():
         GNSwapCallback(min_channels=-3)
     with pytest.raises(TypeError, match="exclude"):
         GNSwapCallback(exclude=[None])  # type: ignore[list-item]
+
+
+def test_bad_option_types_name_the_parameter():
+    expected = r"a string \(fnmatch pattern\), an iterable of strings, or None"
+    with pytest.raises(TypeError, match=rf"GNSwapCallback\(\): include must be {expected}, got int 5"):
+        GNSwapCallback(include=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"GNSwapCallback\(\): exclude must be .*got an item of type int"):
+        GNSwapCallback(exclude=["body.*", 3])  # type: ignore[list-item]
+    with pytest.raises(
+        TypeError, match=r"GNSwapCallback\(\): channels_last must be True or False, got str 'yes'"
+    ):
+        GNSwapCallback(channels_last="yes")  # type: ignore[arg-type]
+    for flag in ("fuse_silu", "restore_on_teardown", "log_hyperparams"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False, got int 1"):
+            GNSwapCallback(**{flag: 1})
+
+
+def test_include_given_as_a_generator_still_applies(tmp_path):
+    callback = GNSwapCallback(include=(p for p in ["body.*"]))  # consumed once, by the validation
+    model = Net(late_layers=True)
+    trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
+    assert callback.report.swapped == ["body.1"]
+
+
+def stub_trainer(device: str) -> SimpleNamespace:
+    """What `GNSwapCallback.swap` reads from a Trainer, with the strategy's target device faked."""
+    return SimpleNamespace(
+        strategy=SingleDeviceStrategy(torch.device(device)), is_global_zero=True, loggers=[]
+    )
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_cuda_target_gets_channels_last(caplog, channels_last):
+    # The swap runs before the model moves: its parameters are still on the CPU here, and the
+    # trainer's target device decides.
+    model, callback = Net(), GNSwapCallback(channels_last=channels_last)
+    with caplog.at_level(logging.INFO):
+        callback.swap(stub_trainer("cuda:0"), model)
+    assert model.body[0].weight.device.type == "cpu"
+    assert model.body[0].weight.is_contiguous(memory_format=torch.channels_last) is channels_last
+    assert "GNSwapCallback: swapped 1, fused 1" in caplog.text
+    assert "torch's own GroupNorm" not in caplog.text
+
+
+def test_cpu_target_keeps_memory_format(caplog):
+    model, callback = Net(), GNSwapCallback()
+    with caplog.at_level(logging.INFO):
+        callback.swap(stub_trainer("cpu"), model)
+    assert isinstance(model.body[1], gn_module.GroupNorm)
+    assert not model.body[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert "memory format left as is (channels_last=True applies on CUDA only)" in caplog.text
+
+
+FROZEN_CONV_FIT = """
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from gn_module import GNSwapCallback
+
+
+class Frozen(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1).requires_grad_(False)  # frozen: its output needs no grad
+        self.norm = nn.GroupNorm(4, 8)  # whose weight does
+        self.head = nn.Conv2d(8, 3, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.head(self.norm(self.stem(batch[0]))).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(8, 3, 6, 6)), batch_size=4)
+
+
+model = Frozen()
+trainer = Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, callbacks=[GNSwapCallback()])
+trainer.fit(model)
+assert trainer.global_step == 2 and type(model.norm).__module__ == "gn_module.module"
+print("fit ok")
+"""
+
+
+def test_cpu_fit_with_frozen_first_conv_does_not_crash(tmp_path):
+    # torch 2.13's CPU GroupNorm backward segfaults on a channels_last input that needs no grad and a
+    # weight that does (plain F.group_norm, no gn_module code): the callback must not make the model
+    # channels_last on the CPU. A subprocess, so that a crash fails this test only.
+    script = tmp_path / "frozen_conv_fit.py"
+    script.write_text(textwrap.dedent(FROZEN_CONV_FIT))
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "fit ok" in proc.stdout

@@ -279,9 +279,23 @@ def test_fsdp_swaps_in_place_after_configure_model_and_before_wrapping(tmp_path,
     assert {t for t, _ in strategy.received.values()} == {gn_module.GroupNorm}
     assert model.seen_by_optimizer == ["GroupNorm"] * 3 and isinstance(model.net[3], gn_module.GroupNorm)
     assert isinstance(model.net[1].layers[2], SiLUSlot)
-    # Parameters keep their layout: FSDP flattens them; the log says to use channels_last inputs.
+    # Parameters keep their layout (FSDP flattens them; on the CPU nothing is restrided anyway).
     assert not strategy.conv_weight_channels_last
-    assert "parameters keep their memory format under RecordingFSDP" in caplog.text
+    assert "the trainer's device is cpu" in caplog.text
+
+
+def test_fsdp_with_a_cuda_target_says_to_use_channels_last_inputs(caplog):
+    # The swap runs before the model moves: the trainer's device (faked CUDA here), not where the
+    # parameters are, decides. Under FSDP parameters keep their layout and the log says what to do.
+    strategy = FSDPStrategy(parallel_devices=[torch.device("cuda", 0)])
+    model = BuiltInConfigureModel()
+    model.configure_model()
+    trainer = SimpleNamespace(strategy=strategy, is_global_zero=True, loggers=[])
+    with caplog.at_level(logging.INFO):
+        GNSwapCallback().swap(trainer, model)  # type: ignore[arg-type]
+    assert isinstance(model.net[3], gn_module.GroupNorm)
+    assert not model.net[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert "parameters keep their memory format under FSDPStrategy" in caplog.text
 
 
 def test_ddp_like_strategies_still_replace_layers(tmp_path):
@@ -289,7 +303,8 @@ def test_ddp_like_strategies_still_replace_layers(tmp_path):
     cpu_trainer(tmp_path, "auto", [GNSwapCallback()]).fit(model)
     now = {n: id(m) for n, m in model.named_modules() if isinstance(m, nn.GroupNorm)}
     assert now.keys() == model.built.keys() and not set(now.values()) & set(model.built.values())
-    assert model.net[0].weight.is_contiguous(memory_format=torch.channels_last)
+    # The trainer's device is the CPU: the memory format is left as is (test_callback.py has the CUDA case).
+    assert not model.net[0].weight.is_contiguous(memory_format=torch.channels_last)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -348,6 +348,12 @@ def test_bad_arguments():
         convert_groupnorm(block(), min_channels=-1)
     with pytest.raises(TypeError, match="include"):
         convert_groupnorm(block(), include=[1])  # type: ignore[list-item]
+    with pytest.raises(
+        TypeError,
+        match=r"convert_groupnorm\(\): exclude must be a string \(fnmatch pattern\), an iterable of strings, "
+        r"or None, got int 5",
+    ):
+        convert_groupnorm(block(), exclude=5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"nn\.Module"):
         revert_groupnorm(None)  # type: ignore[arg-type]
 

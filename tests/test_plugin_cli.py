@@ -202,3 +202,34 @@ def test_xdist_ids_are_stable(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(skipped=9)
     assert "Different tests were collected" not in result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines(["overflow cases: 8 collected: 0 passed, 0 failed, 8 skipped"])
+
+
+PROFILES_UNUSED = (
+    "*PytestConfigWarning: --gn-profiles A100 has no effect: it picks the GPU profiles of --gn-arch-sweep*"
+)
+
+
+def test_profiles_without_sweep_warn(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest("--gn-profiles", "A100")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines([PROFILES_UNUSED + "; add --gn-arch-sweep"])
+
+
+@pytest.mark.parametrize(
+    ("ini", "args"),
+    [("", ("--gn-arch-sweep", "--gn-profiles", "A100")),  # the sweep uses it
+     ("", ("--gn-impl", "gn_module:group_norm", "--gn-profiles", "A100")),  # the bundled static tests do
+     ("[pytest]\ngn_profiles = A100\n", ())],  # an ini key, set for occasional sweeps: no noise
+)  # fmt: skip
+def test_profiles_used_or_from_ini_do_not_warn(
+    pytester: pytest.Pytester, ini: str, args: tuple[str, ...]
+) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    if ini:
+        pytester.makeini(ini)
+    result = pytester.runpytest("--co", "-q", *args)
+    assert result.ret == 0, result.stdout.str()
+    assert "has no effect" not in result.stdout.str()
+    if "--gn-impl" in args:
+        assert "test_gn_static.py::test_gn_compile[A100]" in result.stdout.str()

@@ -97,14 +97,19 @@ class GNSwapCallback(Callback):
     Args:
         channels_last: convert 4-D/5-D parameters and buffers to channels_last(_3d), so that conv
             outputs (and hence GroupNorm inputs) are channels-last, which the fast kernels need.
-            Ignored under FSDP/FSDP2 (see above).
+            Ignored under FSDP/FSDP2 (see above), and when the trainer's device
+            (``trainer.strategy.root_device``) is not CUDA: there torch's GroupNorm runs anyway, and on
+            CPU torch's GroupNorm backward crashes on some channels_last inputs (one that needs no
+            gradient, after a frozen conv, with a weight that does).
         fuse_silu, include, exclude, min_channels: passed to `gn_module.convert_groupnorm`.
         restore_on_teardown: put the original layers (and memory format) back when the stage ends.
         log_hyperparams: record the counts in every logger's hyperparameters.
 
     Raises:
         ValueError: ``min_channels`` is not an int >= 0.
-        TypeError: ``include`` or ``exclude`` is neither a string nor an iterable of strings.
+        TypeError: ``include`` or ``exclude`` is neither a string nor an iterable of strings (nor
+            None); ``channels_last``, ``fuse_silu``, ``restore_on_teardown`` or ``log_hyperparams``
+            is not a bool.
         RuntimeError: in ``setup``, when the strategy is `DeepSpeedStrategy`.
 
     Example::
@@ -124,7 +129,20 @@ class GNSwapCallback(Callback):
         log_hyperparams: bool = True,
     ) -> None:
         super().__init__()
-        check_options(include, exclude, min_channels)  # fail at construction, not mid-fit
+        # Fail at construction, not mid-fit.
+        flags = {
+            "channels_last": channels_last,
+            "fuse_silu": fuse_silu,
+            "restore_on_teardown": restore_on_teardown,
+            "log_hyperparams": log_hyperparams,
+        }
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"GNSwapCallback(): {name} must be True or False, got {type(value).__name__} {value!r}"
+                )
+        # As tuples: a generator given as include/exclude would be used up by this check.
+        include, exclude = check_options(include, exclude, min_channels, owner="GNSwapCallback()")
         self.channels_last = channels_last
         self.convert_kwargs: dict[str, Any] = {
             "fuse_silu": fuse_silu,
@@ -252,25 +270,35 @@ class GNSwapCallback(Callback):
         kind = strategy_kind(trainer.strategy)
         in_place = kind in _SHARDED_KINDS or is_sharded(pl_module)
         _, report = convert_groupnorm(pl_module, in_place=in_place, **self.convert_kwargs)
-        if self.channels_last and in_place:
-            if report.swapped:
+        # Off CUDA torch's GroupNorm runs, so channels_last gains nothing there, and on CPU torch's
+        # GroupNorm backward crashes on channels_last input that needs no gradient (after a frozen conv).
+        # The swap runs before the strategy moves the model: judge by the device it will train on, not
+        # by where the parameters are now.
+        target = target_device_type(trainer)
+        off_cuda = target is not None and target != "cuda"
+        if self.channels_last and not off_cuda:
+            if not in_place:  # every time: layers may have been added since the last stage
+                self._made_channels_last |= _set_memory_format(pl_module, channels_last=True)
+            elif report.swapped:
                 name = type(trainer.strategy).__name__
                 rank_zero_info(
                     f"GNSwapCallback: parameters keep their memory format under {name} (FSDP all-gathers "
                     "them contiguous); give the model channels_last inputs so that "
                     "convolutions, and the GroupNorm layers after them, run channels-last"
                 )
-        elif self.channels_last:  # every time: layers may have been added since the last stage
-            self._made_channels_last |= _set_memory_format(pl_module, channels_last=True)
         if report.swapped or self.report is None:
             self.report = report
-            self._log(trainer, report)
+            self._log(trainer, report, target if off_cuda else None)
         self._arm_probe(pl_module)
         return report
 
-    def _log(self, trainer: Trainer, report: ConversionReport) -> None:
+    def _log(self, trainer: Trainer, report: ConversionReport, off_cuda_target: str | None = None) -> None:
+        """``off_cuda_target``: the trainer's device type when it is known and not CUDA."""
         counts = report.summary()
-        rank_zero_info(f"GNSwapCallback: {report}")
+        message = f"GNSwapCallback: {report}"
+        if off_cuda_target is not None and report.swapped:
+            message += "\n" + off_cuda_note(off_cuda_target, self.channels_last)
+        rank_zero_info(message)
         if self.log_hyperparams and trainer.is_global_zero:
             params = {f"gn_swap/{key}": value for key, value in counts.items()}
             params["gn_swap/channels_last"] = self.channels_last
@@ -317,6 +345,25 @@ class GNSwapCallback(Callback):
             rank_zero_warn(message)
         elif message:
             rank_zero_info(message)
+
+
+def target_device_type(trainer: Trainer) -> str | None:
+    """The device type the trainer trains on (``trainer.strategy.root_device``), None if unknown."""
+    try:
+        return trainer.strategy.root_device.type
+    except Exception:  # a strategy that cannot tell yet: assume CUDA, the callback's purpose
+        return None
+
+
+def off_cuda_note(target: str, channels_last: bool) -> str:
+    """The line added to the swap summary when the trainer's device is not CUDA."""
+    note = (
+        f"  note: the trainer's device is {target}, where the swapped layers run torch's own GroupNorm "
+        "(gn_module's kernels are CUDA-only): same results, no speed-up"
+    )
+    if channels_last:
+        note += "; memory format left as is (channels_last=True applies on CUDA only)"
+    return note
 
 
 def summarize_first_calls(calls: dict[str, LayerCall], hook: str) -> tuple[str, bool]:

@@ -186,20 +186,30 @@ def _act_of_children(module: nn.Module) -> tuple[str | None, str | None]:
 
 
 def check_options(
-    include: Patterns, exclude: Patterns, min_channels: int
+    include: Patterns, exclude: Patterns, min_channels: int, *, owner: str = "convert_groupnorm()"
 ) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
-    """Validate convert_groupnorm's options; returns include/exclude as tuples (or None)."""
+    """Validate convert_groupnorm's options; returns include/exclude as tuples (or None).
+    ``owner`` starts the error messages (the callback passes its own name)."""
     if isinstance(min_channels, bool) or not isinstance(min_channels, int) or min_channels < 0:
-        raise ValueError(f"convert_groupnorm(): min_channels must be an int >= 0, got {min_channels!r}")
-    return _patterns(include, "include"), _patterns(exclude, "exclude")
+        raise ValueError(f"{owner}: min_channels must be an int >= 0, got {min_channels!r}")
+    return _patterns(include, "include", owner), _patterns(exclude, "exclude", owner)
 
 
-def _patterns(value: Patterns, what: str) -> tuple[str, ...] | None:
+def _patterns(value: Patterns, what: str, owner: str) -> tuple[str, ...] | None:
     if value is None:
         return None
-    patterns = (value,) if isinstance(value, str) else tuple(value)
-    if not all(isinstance(p, str) for p in patterns):
-        raise TypeError(f"convert_groupnorm(): {what} must be a string or an iterable of strings")
+    expected = "a string (fnmatch pattern), an iterable of strings, or None"
+    if isinstance(value, str):
+        return (value,)
+    try:
+        patterns = tuple(value)
+    except TypeError:  # not iterable, e.g. include=5
+        got = f"{type(value).__name__} {value!r}"
+        raise TypeError(f"{owner}: {what} must be {expected}, got {got}") from None
+    for item in patterns:
+        if not isinstance(item, str):
+            got = f"an item of type {type(item).__name__} ({item!r})"
+            raise TypeError(f"{owner}: {what} must be {expected}, got {got}")
     return patterns
 
 

@@ -325,6 +325,11 @@ def plan(
 
     `cap` defaults to the cap in force (`max_resident_blocks`, GN_MAX_RESIDENT_BLOCKS).
     """
+    if not torch.cuda.is_available():  # torch's own error here is a bare AssertionError
+        raise RuntimeError(
+            "gn_module.plan(): needs a CUDA device (it asks the device for its SM count and kernel "
+            f"occupancy), and torch sees none (torch {torch.__version__}, CUDA {torch.version.cuda})"
+        )
     if current_arch() == "tasks":
         tp = task_plan(shape, num_groups, dtype, direction, schedule_, device, aligned=aligned, cap=cap)
         if tp is not None:
