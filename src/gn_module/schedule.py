@@ -591,8 +591,12 @@ class TaskPlan:
 
     def describe(self) -> dict:
         out = asdict(self)
-        out.update(smem=self.smem, workspace_bytes=self.workspace_bytes, tiles=self.tiles,
-                   reread_tiles=self.reread_tiles)
+        out.update(
+            smem=self.smem,
+            workspace_bytes=self.workspace_bytes,
+            tiles=self.tiles,
+            reread_tiles=self.reread_tiles,
+        )
         return out
 
 
