@@ -101,15 +101,17 @@ class GNSwapCallback(Callback):
             (``trainer.strategy.root_device``) is not CUDA: there torch's GroupNorm runs anyway, and on
             CPU torch's GroupNorm backward crashes on some channels_last inputs (one that needs no
             gradient, after a frozen conv, with a weight that does).
-        fuse_silu, include, exclude, min_channels: passed to `gn_module.convert_groupnorm`.
+        fuse_silu, include, exclude, min_channels, fuse_calls: passed to `gn_module.convert_groupnorm`.
+            ``fuse_calls=True`` (opt-in) also fuses GroupNorm -> SiLU called in sequence inside a
+            module's ``forward`` (diffusers' ResNet blocks), by tracing those forwards with torch.fx.
         restore_on_teardown: put the original layers (and memory format) back when the stage ends.
         log_hyperparams: record the counts in every logger's hyperparameters.
 
     Raises:
-        ValueError: ``min_channels`` is not an int >= 0.
+        ValueError: ``min_channels`` is not an int >= 0, or ``fuse_calls=True`` with ``fuse_silu=False``.
         TypeError: ``include`` or ``exclude`` is neither a string nor an iterable of strings (nor
-            None); ``channels_last``, ``fuse_silu``, ``restore_on_teardown`` or ``log_hyperparams``
-            is not a bool.
+            None); ``channels_last``, ``fuse_silu``, ``fuse_calls``, ``restore_on_teardown`` or
+            ``log_hyperparams`` is not a bool.
         RuntimeError: in ``setup``, when the strategy is `DeepSpeedStrategy`.
 
     Example::
@@ -125,6 +127,7 @@ class GNSwapCallback(Callback):
         include: Patterns = None,
         exclude: Patterns = None,
         min_channels: int = 0,
+        fuse_calls: bool = False,
         restore_on_teardown: bool = False,
         log_hyperparams: bool = True,
     ) -> None:
@@ -133,6 +136,7 @@ class GNSwapCallback(Callback):
         flags = {
             "channels_last": channels_last,
             "fuse_silu": fuse_silu,
+            "fuse_calls": fuse_calls,
             "restore_on_teardown": restore_on_teardown,
             "log_hyperparams": log_hyperparams,
         }
@@ -142,13 +146,21 @@ class GNSwapCallback(Callback):
                     f"GNSwapCallback(): {name} must be True or False, got {type(value).__name__} {value!r}"
                 )
         # As tuples: a generator given as include/exclude would be used up by this check.
-        include, exclude = check_options(include, exclude, min_channels, owner="GNSwapCallback()")
+        include, exclude = check_options(
+            include,
+            exclude,
+            min_channels,
+            owner="GNSwapCallback()",
+            fuse_silu=fuse_silu,
+            fuse_calls=fuse_calls,
+        )
         self.channels_last = channels_last
         self.convert_kwargs: dict[str, Any] = {
             "fuse_silu": fuse_silu,
             "include": include,
             "exclude": exclude,
             "min_channels": min_channels,
+            "fuse_calls": fuse_calls,
         }
         self.restore_on_teardown = restore_on_teardown
         self.log_hyperparams = log_hyperparams

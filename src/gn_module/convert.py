@@ -9,6 +9,12 @@ SiLU fusion only happens where it is structurally safe:
     becomes ``GroupNorm(act="silu")`` and the SiLU slot becomes `SiLUSlot` (an `nn.Identity`), so
     indices and state_dict keys do not move;
   * timm's ``GroupNormAct`` with an ``nn.SiLU`` act and no dropout.
+  * opt-in (``fuse_calls=True``): a GroupNorm called in a module's ``forward`` whose output's only use
+    is an ``nn.SiLU`` module call or ``F.silu`` (diffusers' ``h = self.norm1(h); h = self.nonlinearity(h)``).
+    Each module that owns a GroupNorm has its own ``forward`` traced with `torch.fx` (submodules are not
+    traced into); on a match the GroupNorm becomes ``act="silu"``, the SiLU call is dropped from the
+    graph and the module gets a `fx_fusion.FusedForward` as its instance ``forward``. Module objects, parameters
+    and state_dict keys stay as they are; modules that cannot be traced are skipped with the reason.
 It is declined when either layer has forward or backward hooks, or the GroupNorm instance also appears
 elsewhere.
 """
@@ -80,6 +86,9 @@ class ConversionReport:
     already: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     reverted: bool = False  # made by revert_groupnorm: only changes the wording of str()
+    # Modules whose forward now runs (convert) or no longer runs (revert) a traced graph with a
+    # GroupNorm+SiLU fused (``fuse_calls=True``). Not in summary(): its keys stay the same four.
+    rewritten: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, int]:
         return {name: len(getattr(self, name)) for name in ("swapped", "fused", "already", "skipped")}
@@ -87,6 +96,8 @@ class ConversionReport:
     def __str__(self) -> str:
         words = {"swapped": "reverted", "fused": "unfused"} if self.reverted else {}
         counts = ", ".join(f"{words.get(k, k)} {v}" for k, v in self.summary().items())
+        if self.rewritten:
+            counts += f", forwards {'restored' if self.reverted else 'rewritten'} {len(self.rewritten)}"
         lines = [counts] + [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
 
@@ -99,6 +110,7 @@ def convert_groupnorm(
     exclude: Patterns = None,
     min_channels: int = 0,
     in_place: bool = False,
+    fuse_calls: bool = False,
 ) -> tuple[nn.Module, ConversionReport]:
     """Replace GroupNorm layers in ``module`` by `gn_module.GroupNorm`, in place where possible.
 
@@ -108,11 +120,26 @@ def convert_groupnorm(
     ``in_place=True`` changes the class of plain ``nn.GroupNorm`` layers instead of replacing them, so
     the module objects stay (FSDP remembers which module object owns each parameter); other GroupNorm
     classes are then skipped.
+
+    ``fuse_calls=True`` (needs ``fuse_silu=True``) also fuses a GroupNorm called inside a module's
+    ``forward`` whose output is used only by a SiLU (an ``nn.SiLU`` module or ``F.silu``), as in
+    diffusers' ResNet blocks. The ``forward`` of each module that owns a GroupNorm is traced with
+    `torch.fx` (its submodules are called, not traced into); where a pair is found, that module's
+    ``forward`` becomes a `FusedForward` running the edited graph. The graph is specialized as fx
+    specializes: Python control flow on attributes (``self.training`` included: a forward that
+    depends on it is not rewritten) is frozen at conversion, Python side effects of ``forward`` are
+    not replayed, and parameters with defaults keep their defaults. Calls that do not fit what was
+    traced (a None or non-tensor where a tensor was traced, a non-default value for a parameter
+    with a default, extra ``*args``/``**kwargs``) run the original ``forward`` unfused. Modules whose
+    forward cannot be traced (data-dependent control flow...) are left alone and listed in
+    ``skipped``; `revert_groupnorm` restores the original ``forward``.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"convert_groupnorm(): expected an nn.Module, got {type(module).__name__}")
-    include, exclude = check_options(include, exclude, min_channels)
-    walker = _Converter(module, fuse_silu, include, exclude, min_channels, in_place)
+    include, exclude = check_options(
+        include, exclude, min_channels, fuse_silu=fuse_silu, fuse_calls=fuse_calls
+    )
+    walker = _Converter(module, fuse_silu, include, exclude, min_channels, in_place, fuse_calls)
     return walker.visit(module, ""), walker.report
 
 
@@ -186,12 +213,24 @@ def _act_of_children(module: nn.Module) -> tuple[str | None, str | None]:
 
 
 def check_options(
-    include: Patterns, exclude: Patterns, min_channels: int, *, owner: str = "convert_groupnorm()"
+    include: Patterns,
+    exclude: Patterns,
+    min_channels: int,
+    *,
+    owner: str = "convert_groupnorm()",
+    fuse_silu: bool = True,
+    fuse_calls: bool = False,
 ) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
     """Validate convert_groupnorm's options; returns include/exclude as tuples (or None).
     ``owner`` starts the error messages (the callback passes its own name)."""
     if isinstance(min_channels, bool) or not isinstance(min_channels, int) or min_channels < 0:
         raise ValueError(f"{owner}: min_channels must be an int >= 0, got {min_channels!r}")
+    if not isinstance(fuse_calls, bool):
+        raise TypeError(
+            f"{owner}: fuse_calls must be True or False, got {type(fuse_calls).__name__} {fuse_calls!r}"
+        )
+    if fuse_calls and not fuse_silu:
+        raise ValueError(f"{owner}: fuse_calls=True fuses SiLU, which fuse_silu=False forbids")
     return _patterns(include, "include", owner), _patterns(exclude, "exclude", owner)
 
 
@@ -295,10 +334,11 @@ class _Converter(_Walker):
         exclude: tuple[str, ...] | None,
         min_channels: int,
         in_place: bool = False,
+        fuse_calls: bool = False,
     ) -> None:
         super().__init__(root)
         self.fuse_silu, self.min_channels, self.in_place = fuse_silu, min_channels, in_place
-        self.include, self.exclude = include, exclude
+        self.include, self.exclude, self.fuse_calls = include, exclude, fuse_calls
 
     def reason_to_skip(self, module: nn.GroupNorm, name: str) -> str | None:
         if self.include is not None and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
@@ -340,6 +380,11 @@ class _Converter(_Walker):
         return new
 
     def after_children(self, module: nn.Module, name: str) -> None:
+        if self.fuse_silu and self.fuse_calls:
+            from gn_module import fx_fusion  # imports this module
+
+            if fx_fusion.traceable_owner(module):
+                fx_fusion.fuse_traced_calls(module, name, self.report, self.counts)
         if not self.fuse_silu or not _is_plain_sequential(module):
             return
         keys = list(module._modules)
@@ -366,6 +411,9 @@ class _Converter(_Walker):
 
 class _Reverter(_Walker):
     def before_children(self, module: nn.Module, name: str) -> None:
+        from gn_module import fx_fusion  # imports this module
+
+        fx_fusion.restore_forward(module, name, self.report)
         # Un-fuse GroupNorm(act="silu") + SiLUSlot pairs first; the GroupNorm is then reverted as a
         # plain one when the walk reaches it.
         keys = list(module._modules)

@@ -1,0 +1,255 @@
+"""``convert_groupnorm(..., fuse_calls=True)``: GroupNorm followed by SiLU inside a module's own
+``forward`` (diffusers' ResNet blocks call ``self.nonlinearity`` after ``self.norm1``), found with
+torch.fx and fused into the GroupNorm; `FusedForward` runs the edited graph in the module's place.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from collections.abc import Iterable
+
+import torch
+import torch.fx
+from torch import nn
+
+from gn_module.convert import ConversionReport, _has_hooks, _is_plain_sequential, groupnorm_act
+from gn_module.module import GroupNorm
+
+_NAMED = (
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.KEYWORD_ONLY,
+)
+_SIMPLE_DEFAULTS = (bool, int, float, str, bytes, type(None))
+
+
+def _owned(module: nn.Module) -> Iterable[nn.Module]:
+    """Submodules ``module``'s forward can call itself: children, and the items of child containers."""
+    for child in module._modules.values():
+        if child is None:
+            continue
+        yield child
+        if type(child) in (nn.ModuleList, nn.ModuleDict):
+            yield from _owned(child)
+
+
+def traceable_owner(module: nn.Module) -> bool:
+    """Worth tracing: a module with its own forward calling (a container holding) a fusable GroupNorm."""
+    if isinstance(module, nn.GroupNorm) or _is_plain_sequential(module) or "forward" in vars(module):
+        return False  # an instance forward (ours after a first conversion, or the user's) is left alone
+    if getattr(type(module), "forward", None) in (None, nn.Module.forward):
+        return False  # containers without a forward
+    return any(
+        isinstance(m, GroupNorm) and m.act is None and groupnorm_act(m) == (None, None)
+        for m in _owned(module)
+    )
+
+
+def _forward_parameters(module: nn.Module) -> list[inspect.Parameter]:
+    """Parameters of ``type(module).forward`` after ``self``."""
+    return list(inspect.signature(type(module).forward).parameters.values())[1:]
+
+
+class _CallsTracer(torch.fx.Tracer):
+    """Traces only the root's own forward (every submodule is a leaf ``call_module``), with the
+    parameters that have no default as proxies, defaults left to the forward and ``*args``/``**kwargs``
+    empty (diffusers' blocks take ``*args, **kwargs`` only to warn about deprecated ones)."""
+
+    def __init__(self, traced: list[inspect.Parameter] | None = None) -> None:
+        super().__init__()
+        self.traced = traced  # None: an ordinary trace (fx re-traces generated code when unpickling)
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return True
+
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):  # type: ignore[no-untyped-def]
+        if self.traced is None:
+            return super().create_args_for_root(root_fn, is_module, concrete_args)
+        # A function with exactly the traced parameters, calling the real forward (built from
+        # identifiers taken from the signature: nothing else goes into the source).
+        names = [p.name for p in self.traced]
+        call = ", ".join(p.name if p.kind != p.KEYWORD_ONLY else f"{p.name}={p.name}" for p in self.traced)
+        source = f"def forward(self, {', '.join(names)}):\n    return __gn_forward(self, {call})\n"
+        namespace: dict[str, object] = {"__gn_forward": root_fn}
+        exec(compile(source, f"<gn_module fuse_calls {type(self.root).__qualname__}>", "exec"), namespace)
+        return super().create_args_for_root(namespace["forward"], is_module, concrete_args)
+
+
+def _trace(module: nn.Module, traced: list[inspect.Parameter]) -> torch.fx.Graph:
+    """Trace ``module.forward``; attributes the tracer adds to ``module`` (tensor constants) are
+    removed again, and a graph that needs them is refused."""
+    before = set(vars(module))
+    try:
+        graph = _CallsTracer(traced).trace(module)
+    finally:
+        added = set(vars(module)) - before
+        for key in added:
+            delattr(module, key)
+    for node in graph.nodes:
+        if node.op == "get_attr" and node.target.split(".")[0] in added:
+            raise RuntimeError("forward creates tensor constants while it is traced")
+    return graph
+
+
+def _trace_both_modes(module: nn.Module, traced: list[inspect.Parameter]) -> torch.fx.Graph:
+    """The graph of ``module.forward``, traced in train and in eval mode; raises when they differ
+    (a forward branching on ``self.training`` would be frozen in one mode)."""
+    modes = {id(m): (m, m.training) for m in module.modules()}
+    graphs = []
+    try:
+        for mode in (module.training, not module.training):
+            module.train(mode)
+            graphs.append(_trace(module, traced))
+    finally:
+        for m, training in modes.values():
+            m.training = training
+    if graphs[0].python_code("self").src != graphs[1].python_code("self").src:
+        raise RuntimeError("forward traces differently in train and eval mode (it reads self.training)")
+    return graphs[0]
+
+
+def _silu_call(node: torch.fx.Node, source: torch.fx.Node, owner: nn.Module) -> str | None:
+    """How ``node`` applies SiLU to exactly ``source`` ("nn.SiLU module <target>" or "F.silu"), or None."""
+    if node.op == "call_module":
+        plain = node.args == (source,) and not node.kwargs
+        return str(node.target) if plain and type(owner.get_submodule(node.target)) is nn.SiLU else None
+    # F.silu(x, inplace): in place is fine, nothing else reads the GroupNorm output.
+    functional = node.op == "call_function" and node.target is nn.functional.silu
+    plain = node.args[:1] == (source,) and len(node.args) <= 2 and set(node.kwargs) <= {"inplace"}
+    return "F.silu" if functional and plain else None
+
+
+def fuse_traced_calls(module: nn.Module, name: str, report: ConversionReport, counts: Counter[int]) -> None:
+    """Fuse GroupNorm -> SiLU call pairs in ``module``'s own forward (see `convert_groupnorm`)."""
+    params = _forward_parameters(module)
+    traced = [p for p in params if p.kind in _NAMED and p.default is p.empty]
+    try:
+        graph = _trace_both_modes(module, traced)
+    except Exception as exc:  # tracing runs arbitrary user code
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        report.skipped[name] = f"forward not traced for SiLU fusion ({type(exc).__name__}: {first_line})"
+        return
+
+    def qualified(target: object) -> str:
+        return f"{name}.{target}" if name else str(target)
+
+    calls = Counter(id(module.get_submodule(n.target)) for n in graph.nodes if n.op == "call_module")
+    pairs: list[tuple[torch.fx.Node, torch.fx.Node, GroupNorm]] = []
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        norm = module.get_submodule(node.target)
+        if not (isinstance(norm, GroupNorm) and norm.act is None and groupnorm_act(norm) == (None, None)):
+            continue
+        silu = [(user, how) for user in node.users if (how := _silu_call(user, node, module)) is not None]
+        if not silu:
+            continue
+        user, how = silu[0]
+        silu_module = module.get_submodule(user.target) if user.op == "call_module" else None
+        reason = None
+        if len(node.users) != 1:
+            reason = "the GroupNorm output is also used elsewhere in forward"
+        elif len(node.args) != 1 or node.kwargs:
+            reason = "the GroupNorm is called with more than its input"
+        elif calls[id(norm)] > 1 or counts[id(norm)] > 1:
+            reason = "the GroupNorm instance is also used elsewhere, where no SiLU may follow it"
+        elif _has_hooks(norm) or (silu_module is not None and _has_hooks(silu_module)):
+            reason = "the GroupNorm or the SiLU has hooks that would see a different tensor"
+        if reason is not None:
+            report.skipped[f"{qualified(node.target)}+{qualified(how) if silu_module else how}"] = (
+                f"not fused: {reason}"
+            )
+            continue
+        pairs.append((node, user, norm))
+    if not pairs:
+        return
+    for node, user, _ in pairs:
+        user.replace_all_uses_with(node)
+        graph.erase_node(user)
+    graph.lint()
+    graph_module = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
+    fused = tuple(str(node.target) for node, _, _ in pairs)
+    module.forward = FusedForward(module, graph_module, fused)  # an instance attribute, not state
+    for node, _, norm in pairs:
+        norm.act = "silu"
+        report.fused.append(qualified(node.target))
+    report.rewritten.append(name)
+
+
+def restore_forward(module: nn.Module, name: str, report: ConversionReport) -> None:
+    """Undo `_fuse_traced_calls` on ``module``: unfuse its GroupNorms and drop the instance forward."""
+    forward = vars(module).get("forward")
+    if not isinstance(forward, FusedForward) or forward.module is not module:
+        return
+    for target in forward.fused:
+        norm = module.get_submodule(target)
+        if isinstance(norm, GroupNorm) and norm.act == "silu":
+            norm.act = None
+            report.fused.append(f"{name}.{target}" if name else target)
+    del module.forward
+    report.rewritten.append(name)
+
+
+def _same_default(value: object, default: object) -> bool:
+    if value is default:
+        return True
+    return type(value) is type(default) and type(default) in _SIMPLE_DEFAULTS and value == default
+
+
+class FusedForward:
+    """The instance ``forward`` that ``convert_groupnorm(fuse_calls=True)`` gives a module: the module's
+    traced forward with SiLU calls fused into the GroupNorm before them (``fused``: their targets).
+
+    Runs the graph (``.code`` shows it) with the module as ``self``, so it always uses the module's
+    current submodules and parameters. A call the trace does not cover runs the class's forward with
+    the fused GroupNorms set back to ``act=None`` for that call.
+    """
+
+    def __init__(self, module: nn.Module, graph_module: torch.fx.GraphModule, fused: tuple[str, ...]) -> None:
+        self.module, self.graph_module, self.fused = module, graph_module, fused
+
+    @property
+    def code(self) -> str:
+        return self.graph_module.code
+
+    def __getstate__(self) -> dict[str, object]:
+        # Pickle and deepcopy: keep the module, graph and targets; the rest is rebuilt on first call.
+        return {k: self.__dict__[k] for k in ("module", "graph_module", "fused")}
+
+    def _fused_args(self, args: tuple[object, ...], kwargs: dict[str, object]) -> list[object] | None:
+        """The graph's arguments when this call matches the trace, else None."""
+        if "_params" not in self.__dict__:
+            self._params = _forward_parameters(self.module)
+            self._signature = inspect.Signature(self._params)
+        try:
+            bound = self._signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return None  # the class's forward raises the proper error
+        values = []
+        for p in self._params:
+            if p.name not in bound:
+                continue
+            value = bound[p.name]
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                return None  # traced empty
+            if p.default is p.empty:
+                if not isinstance(value, torch.Tensor):
+                    return None  # a proxy stood for it: `is None` / isinstance tests went the tensor way
+                values.append(value)
+            elif not _same_default(value, p.default):
+                return None  # traced with the default
+        return values
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        values = self._fused_args(args, kwargs)
+        if values is not None:
+            return type(self.graph_module).forward(self.module, *values)
+        norms = [self.module.get_submodule(target) for target in self.fused]
+        for norm in norms:
+            norm.act = None
+        try:
+            return type(self.module).forward(self.module, *args, **kwargs)
+        finally:
+            for norm in norms:
+                norm.act = "silu"

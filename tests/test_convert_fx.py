@@ -1,0 +1,476 @@
+"""convert_groupnorm(fuse_calls=True): GroupNorm -> SiLU called inside forward, fused via torch.fx (CPU)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gn_module
+from gn_module.callback import GNSwapCallback
+from gn_module.convert import convert_groupnorm, revert_groupnorm
+from gn_module.fx_fusion import FusedForward
+
+
+class ResnetBlock2D(nn.Module):
+    """diffusers' ResnetBlock2D, reduced: the nonlinearity is one nn.SiLU reused (or F.silu)."""
+
+    def __init__(
+        self, cin: int, cout: int, temb: int | None = 16, functional: bool = False, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.functional = functional
+        self.norm1 = nn.GroupNorm(4, cin)
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.time_emb_proj = nn.Linear(temb, cout) if temb is not None else None
+        self.norm2 = nn.GroupNorm(4, cout)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.nonlinearity = nn.SiLU()
+        self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x) if self.functional else self.nonlinearity(x)
+
+    def forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args, **kwargs) -> torch.Tensor:
+        if len(args) > 0 or kwargs.get("scale") is not None:
+            warnings.warn("scale is deprecated", FutureWarning, stacklevel=2)
+        hidden_states = self.norm1(input_tensor)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.conv1(hidden_states)
+        if self.time_emb_proj is not None:
+            temb = self.act(temb)
+            temb = self.time_emb_proj(temb)[:, :, None, None]
+        if temb is not None:
+            hidden_states = hidden_states + temb
+        hidden_states = self.norm2(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.conv2(hidden_states)
+        if self.conv_shortcut is not None:
+            input_tensor = self.conv_shortcut(input_tensor)
+        return input_tensor + hidden_states
+
+
+class Attention(nn.Module):
+    """A GroupNorm not followed by SiLU."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.group_norm = nn.GroupNorm(4, c)
+        self.to_qkv = nn.Conv2d(c, 3 * c, 1)
+        self.to_out = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        q, k, v = self.to_qkv(self.group_norm(x)).flatten(2).chunk(3, dim=1)
+        attn = torch.softmax(q.transpose(1, 2) @ k / c**0.5, dim=-1)
+        return x + self.to_out((v @ attn.transpose(1, 2)).reshape(b, c, h, w))
+
+
+class Untraceable(nn.Module):
+    """Data-dependent control flow: fx cannot trace it."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(4, c)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.norm(x))
+        if h.mean() > 0:
+            h = h * 2
+        return x + h
+
+
+class TwoUsers(nn.Module):
+    """The GroupNorm output feeds the SiLU and the residual: must not fuse."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(4, c)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return self.act(h) + h
+
+
+class TinyUNet(nn.Module):
+    def __init__(self, c: int = 8, temb: int = 16) -> None:
+        super().__init__()
+        self.time_mlp = nn.Sequential(nn.Linear(1, temb), nn.SiLU(), nn.Linear(temb, temb))
+        self.conv_in = nn.Conv2d(3, c, 3, padding=1)
+        self.down = nn.ModuleList(
+            [ResnetBlock2D(c, c), ResnetBlock2D(c, 2 * c, functional=True), ResnetBlock2D(2 * c, 2 * c)]
+        )
+        self.attn = Attention(2 * c)
+        self.odd = Untraceable(2 * c)
+        self.conv_norm_out = nn.GroupNorm(4, 2 * c)
+        self.conv_act = nn.SiLU()
+        self.conv_out = nn.Conv2d(2 * c, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        temb = self.time_mlp(t[:, None])
+        h = self.conv_in(x)
+        for block in self.down:
+            h = block(h, temb)
+        h = self.odd(self.attn(h))
+        h = self.conv_norm_out(h)
+        h = self.conv_act(h)
+        return self.conv_out(h)
+
+
+FUSED_UNET = [
+    "conv_norm_out",
+    "down.0.norm1",
+    "down.0.norm2",
+    "down.1.norm1",
+    "down.1.norm2",
+    "down.2.norm1",
+    "down.2.norm2",
+]
+
+
+def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.rand(p.shape, generator=gen) * 2 - 1)
+    return model
+
+
+def unet_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(2, 3, 6, 6, generator=gen), torch.rand(2, generator=gen)
+
+
+def converted_unet(**kwargs: object):
+    model = randomize(TinyUNet())
+    ref = copy.deepcopy(model)
+    params = dict(model.named_parameters())
+    model, report = convert_groupnorm(model, fuse_calls=True, **kwargs)
+    return ref, model, report, params
+
+
+@pytest.mark.parametrize("functional", [False, True], ids=["nn.SiLU", "F.silu"])
+def test_resnet_block_fuses_both_norms(functional: bool):
+    block = randomize(ResnetBlock2D(8, 16, functional=functional))
+    ref = copy.deepcopy(block)
+    block, report = convert_groupnorm(block, fuse_calls=True)
+    assert report.fused == ["norm1", "norm2"] and report.rewritten == [""]
+    assert report.summary() == {"swapped": 2, "fused": 2, "already": 0, "skipped": 0}
+    assert block.norm1.act == "silu" and block.norm2.act == "silu"
+    assert isinstance(vars(block)["forward"], FusedForward)
+    # The SiLU on the time embedding stays: only the two after a GroupNorm went.
+    silu_calls = block.forward.code.count("self.nonlinearity(" if not functional else "silu(")
+    assert silu_calls == 1
+    x, temb = torch.randn(2, 8, 5, 5), torch.randn(2, 16)
+    torch.testing.assert_close(block(x, temb), ref(x, temb))
+
+
+def test_unet_counts_outputs_and_gradients():
+    ref, model, report, params = converted_unet()
+    assert sorted(report.fused) == FUSED_UNET  # 2 per resnet block + conv_norm_out/conv_act
+    assert sorted(report.rewritten) == ["", "down.0", "down.1", "down.2"]
+    assert report.summary()["swapped"] == 9
+    assert "forward not traced for SiLU fusion (TraceError" in report.skipped["odd"]
+    assert model.attn.group_norm.act is None and "forward" not in vars(model.attn)  # no SiLU after it
+    assert model.odd.norm.act is None and "forward" not in vars(model.odd)  # left working, unfused
+    assert "swapped 9, fused 7, already 0, skipped 1, forwards rewritten 4" in str(report)
+    # Same Parameter objects under the same names.
+    assert dict(model.named_parameters()).keys() == params.keys()
+    assert all(p is params[n] for n, p in model.named_parameters())
+    x, t = unet_inputs()
+    for train in (True, False):
+        model.train(train), ref.train(train)
+        torch.testing.assert_close(model(x, t), ref(x, t))
+    model.train(), ref.train()
+    model(x, t).square().sum().backward()
+    ref(x, t).square().sum().backward()
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
+def test_without_the_option_nothing_changes():
+    model = randomize(TinyUNet())
+    model, report = convert_groupnorm(model)
+    assert report.fused == [] and report.rewritten == []
+    assert report.summary() == {"swapped": 9, "fused": 0, "already": 0, "skipped": 0}
+    assert not any("forward" in vars(m) for m in model.modules())
+    assert not any(isinstance(m, gn_module.GroupNorm) and m.act for m in model.modules())
+
+
+def test_state_dict_keys_unchanged_and_load_both_ways_strict():
+    ref, model, _, _ = converted_unet()
+    sd_ref, sd = ref.state_dict(), model.state_dict()
+    assert list(sd) == list(sd_ref)
+    for key in sd:
+        torch.testing.assert_close(sd[key], sd_ref[key], rtol=0, atol=0)
+    plain = randomize(TinyUNet(), seed=3)
+    plain.load_state_dict(sd, strict=True)
+    other = randomize(TinyUNet(), seed=4)
+    model.load_state_dict(other.state_dict(), strict=True)
+    x, t = unet_inputs()
+    torch.testing.assert_close(model(x, t), other(x, t))
+    torch.testing.assert_close(plain(x, t), ref(x, t), rtol=0, atol=0)
+
+
+def test_forward_uses_parameters_assigned_after_conversion():
+    # The graph runs with the module itself as `self`: load_state_dict(assign=True) is seen.
+    _, model, _, _ = converted_unet()
+    other = randomize(TinyUNet(), seed=5)
+    model.load_state_dict(other.state_dict(), assign=True)
+    x, t = unet_inputs()
+    torch.testing.assert_close(model(x, t), other(x, t))
+
+
+def test_revert_restores_original_objects_and_forward_bitwise():
+    model = randomize(TinyUNet())
+    originals = dict(model.named_modules())
+    ref = copy.deepcopy(model)
+    model, _ = convert_groupnorm(model, fuse_calls=True)
+    model, report = revert_groupnorm(model)
+    assert sorted(report.fused) == FUSED_UNET
+    assert sorted(report.rewritten) == ["", "down.0", "down.1", "down.2"]
+    assert "forwards restored 4" in str(report)
+    now = dict(model.named_modules())
+    assert now.keys() == originals.keys() and all(now[n] is originals[n] for n in now)
+    assert not any("forward" in vars(m) or isinstance(m, gn_module.GroupNorm) for m in model.modules())
+    x, t = unet_inputs()
+    torch.testing.assert_close(model(x, t), ref(x, t), rtol=0, atol=0)
+    assert list(model.state_dict()) == list(ref.state_dict())
+
+
+def test_two_users_not_fused():
+    model = randomize(TwoUsers(8))
+    ref = copy.deepcopy(model)
+    model, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.swapped == ["norm"] and report.fused == [] and report.rewritten == []
+    assert report.skipped["norm+act"] == "not fused: the GroupNorm output is also used elsewhere in forward"
+    assert model.norm.act is None and "forward" not in vars(model)
+    x = torch.randn(2, 8, 3, 3)
+    torch.testing.assert_close(model(x), ref(x))
+
+
+def test_untraceable_block_reported_and_left_working():
+    model = randomize(nn.Sequential(Untraceable(8), ResnetBlock2D(8, 8, temb=None)))
+
+    class Wrap(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner[1](self.inner[0](x), None)
+
+    wrapped = Wrap()
+    ref = copy.deepcopy(wrapped)
+    wrapped, report = convert_groupnorm(wrapped, fuse_calls=True)
+    assert "TraceError" in report.skipped["inner.0"] and "control flow" in report.skipped["inner.0"]
+    # One untraceable module does not stop the others.
+    assert report.fused == ["inner.1.norm1", "inner.1.norm2"]
+    x = torch.randn(2, 8, 4, 4)
+    torch.testing.assert_close(wrapped(x), ref(x))
+
+
+def test_call_unlike_the_trace_runs_the_original_forward_unfused():
+    block = randomize(ResnetBlock2D(8, 8, temb=None))  # VAE-style: temb is None
+    ref = copy.deepcopy(block)
+    block, report = convert_groupnorm(block, fuse_calls=True)
+    assert report.fused == ["norm1", "norm2"]
+    x = torch.randn(2, 8, 4, 4)
+    # temb was a proxy when traced (so `temb is not None` held): a None runs the original forward.
+    torch.testing.assert_close(block(x, None), ref(x, None))
+    assert block.norm1.act == "silu" and block.norm2.act == "silu"  # fused again after the call
+    temb = torch.randn(2, 8, 1, 1)
+    torch.testing.assert_close(block(x, temb), ref(x, temb))  # the traced path
+    with pytest.warns(FutureWarning):  # extra kwargs were traced empty
+        torch.testing.assert_close(block(x, temb, scale=1.0), ref(x, temb))
+    with pytest.raises(TypeError):  # the original forward's own error
+        block()
+
+
+def test_parameter_with_default_is_traced_at_its_default():
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.GroupNorm(2, 4)
+
+        def forward(self, x: torch.Tensor, scale: float = 1.0, double: bool = False) -> torch.Tensor:
+            h = F.silu(self.norm(x)) * scale
+            return h * 2 if double else h
+
+    model = randomize(Scaled())
+    ref = copy.deepcopy(model)
+    model, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.fused == ["norm"]
+    x = torch.randn(2, 4, 3)
+    for kwargs in ({}, {"scale": 1.0}, {"scale": 3.0}, {"double": True}, {"double": False}):
+        torch.testing.assert_close(model(x, **kwargs), ref(x, **kwargs), msg=str(kwargs))
+
+
+def test_forward_reading_training_is_not_rewritten():
+    class Drop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.GroupNorm(2, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.dropout(F.silu(self.norm(x)), 0.5, training=self.training)
+
+    model = Drop()
+    model, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.fused == [] and "self.training" in report.skipped[""]
+    assert model.training and model.norm.training  # modes put back after tracing both
+
+
+def test_dropout_module_in_train_mode_matches_with_same_seed():
+    block = randomize(ResnetBlock2D(8, 8, dropout=0.5))
+    ref = copy.deepcopy(block)
+    block, report = convert_groupnorm(block, fuse_calls=True)
+    assert report.fused == ["norm1", "norm2"]
+    x, temb = torch.randn(2, 8, 4, 4), torch.randn(2, 16)
+    torch.manual_seed(0)
+    out = block(x, temb)
+    torch.manual_seed(0)
+    torch.testing.assert_close(out, ref(x, temb))
+
+
+def test_norm_called_twice_or_shared_or_hooked_is_not_fused():
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.GroupNorm(2, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.silu(self.norm(x)) + self.norm(x * 2)
+
+    class Pair(nn.Module):
+        def __init__(self, norm: nn.Module) -> None:
+            super().__init__()
+            self.norm = norm
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.silu(self.norm(x))
+
+    _, report = convert_groupnorm(Twice(), fuse_calls=True)
+    assert report.fused == [] and "also used elsewhere" in report.skipped["norm+F.silu"]
+
+    shared = nn.GroupNorm(2, 4)
+    model = nn.ModuleDict({"a": Pair(shared), "b": nn.Sequential(shared)})
+    _, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.fused == [] and "also used elsewhere" in report.skipped["a.norm+F.silu"]
+
+    hooked = Pair(nn.GroupNorm(2, 4))
+    hooked.norm.register_forward_hook(lambda *args: None)
+    _, report = convert_groupnorm(hooked, fuse_calls=True)
+    assert report.fused == [] and "hooks" in report.skipped["norm+F.silu"]
+
+
+def test_tensor_constants_refused_and_module_left_clean():
+    class Const(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.GroupNorm(2, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.silu(self.norm(x)) * torch.tensor(2.0)
+
+    model = Const()
+    keys = set(vars(model))
+    model, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.fused == [] and "tensor constants" in report.skipped[""]
+    assert set(vars(model)) == keys
+
+
+def test_idempotent_deepcopy_and_pickle():
+    ref, model, _, _ = converted_unet()
+    forwards = {n: vars(m)["forward"] for n, m in model.named_modules() if "forward" in vars(m)}
+    model, second = convert_groupnorm(model, fuse_calls=True)
+    assert second.fused == [] and second.rewritten == [] and second.swapped == []
+    assert {n: vars(m)["forward"] for n, m in model.named_modules() if "forward" in vars(m)} == forwards
+    x, t = unet_inputs()
+    clone = copy.deepcopy(model)
+    assert clone.forward.module is clone and clone.down[0].forward.module is clone.down[0]
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for other in (clone, loaded):
+        torch.testing.assert_close(other(x, t), ref(x, t))
+        other, report = revert_groupnorm(other)
+        assert sorted(report.fused) == FUSED_UNET
+        torch.testing.assert_close(other(x, t), ref(x, t), rtol=0, atol=0)
+    assert model.down[0].norm1.act == "silu"  # the copies reverted on their own
+
+
+def test_in_place_conversion_and_revert():
+    ref, model, report, _ = converted_unet(in_place=True)
+    assert sorted(report.fused) == FUSED_UNET
+    norms = {n: m for n, m in model.named_modules() if isinstance(m, nn.GroupNorm)}
+    x, t = unet_inputs()
+    torch.testing.assert_close(model(x, t), ref(x, t))
+    model, report = revert_groupnorm(model)
+    assert len(report.swapped) == 9 and report.skipped == {}
+    assert all(type(m) is nn.GroupNorm and m is norms[n] for n, m in model.named_modules() if n in norms)
+    torch.testing.assert_close(model(x, t), ref(x, t), rtol=0, atol=0)
+
+
+def test_option_checks():
+    with pytest.raises(ValueError, match="fuse_silu=False"):
+        convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_calls=True)
+    with pytest.raises(TypeError, match="fuse_calls must be True or False"):
+        convert_groupnorm(TinyUNet(), fuse_calls="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"GNSwapCallback\(\): fuse_calls must be True or False"):
+        GNSwapCallback(fuse_calls=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"GNSwapCallback\(\): fuse_calls=True"):
+        GNSwapCallback(fuse_silu=False, fuse_calls=True)
+
+
+def test_callback_passes_fuse_calls(tmp_path):
+    from lightning.pytorch import LightningModule, Trainer
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Lit(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.unet = TinyUNet()
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            (x,) = batch
+            return (self.unet(x, torch.zeros(len(x))) - x).square().mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(TensorDataset(torch.randn(4, 3, 6, 6)), batch_size=2)
+
+    def fit(callback: GNSwapCallback) -> Lit:
+        model = Lit()
+        options = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False}
+        options |= {"enable_progress_bar": False, "enable_model_summary": False, "fast_dev_run": True}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Trainer(callbacks=[callback], default_root_dir=tmp_path, **options).fit(model)
+        return model
+
+    callback = GNSwapCallback(fuse_calls=True)
+    model = fit(callback)
+    assert sorted(callback.report.fused) == [f"unet.{n}" for n in FUSED_UNET]
+    assert isinstance(vars(model.unet.down[0])["forward"], FusedForward)
+
+    callback = GNSwapCallback(fuse_calls=True, restore_on_teardown=True)
+    model = fit(callback)
+    assert len(callback.report.fused) == 7
+    assert not any("forward" in vars(m) or isinstance(m, gn_module.GroupNorm) for m in model.modules())
+
+    callback = GNSwapCallback()
+    fit(callback)
+    assert callback.report.fused == []
