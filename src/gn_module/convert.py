@@ -13,8 +13,9 @@ SiLU fusion only happens where it is structurally safe:
     is an ``nn.SiLU`` module call or ``F.silu`` (diffusers' ``h = self.norm1(h); h = self.nonlinearity(h)``).
     Each module that owns a GroupNorm has its own ``forward`` traced with `torch.fx` (submodules are not
     traced into); on a match the GroupNorm becomes ``act="silu"``, the SiLU call is dropped from the
-    graph and the module gets a `fx_fusion.FusedForward` as its instance ``forward``. Module objects, parameters
-    and state_dict keys stay as they are; modules that cannot be traced are skipped with the reason.
+    graph and the module gets a `fx_fusion.FusedForward` as its instance ``forward``. Module objects,
+    parameters and state_dict keys stay as they are; modules that cannot be traced are skipped with
+    the reason.
 It is declined when either layer has forward or backward hooks, or the GroupNorm instance also appears
 elsewhere.
 """
