@@ -12,7 +12,9 @@ geometry. Geometries:
 
 - ``even``: every slice is whole tiles (one or two samples);
 - ``partial``: the last tile of every slice is partial (the slice is not a multiple of the
-  tile height);
+  tile height); one or two samples where the tiling allows, else more samples of a few tiles
+  each, and where no shape has the ratio's count, the nearest count between the same whole
+  waves (``x2p1`` -> 2 x residency + 2; said in the case's notes; see `_partial_shape`);
 - ``batch``: two or more samples, and the first overflow tile falls inside a sample where
   the tile counts allow it, so the overflow tiles a block runs belong to other samples than
   its first tile;
@@ -390,6 +392,10 @@ def spatial(rows: int, rows_per_tile: int) -> tuple[int, int]:
     return rows, 1
 
 
+def _divisors(n: int) -> set[int]:
+    return {d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i)}
+
+
 def _batches(tiles: int, grid: int) -> list[int]:
     """Sample counts N >= 2 that divide `tiles`, best first: the first overflow tile inside a
     sample whose tiles are at most the grid, then inside any sample, then the fewest samples."""
@@ -398,8 +404,7 @@ def _batches(tiles: int, grid: int) -> list[int]:
         per = tiles // n
         return grid % per == 0, per > grid, n
 
-    divisors = {d for i in range(1, math.isqrt(tiles) + 1) if tiles % i == 0 for d in (i, tiles // i)}
-    return sorted((n for n in divisors if n >= 2), key=rank)
+    return sorted((n for n in _divisors(tiles) if n >= 2), key=rank)
 
 
 def geometry_candidates(
@@ -441,6 +446,93 @@ def shape_for_tiles(
 Residency = int | Callable[[schedule.Tiling], int]
 
 
+def _residency_at(
+    spec: CaseSpec, of: Callable[[schedule.Tiling], int], cap: int | None
+) -> Callable[[int], int]:
+    """The one-pass residency (capped) as a function of the tile height (cached)."""
+    cache: dict[int, int] = {}
+
+    def at(rows_per_tile: int) -> int:
+        if rows_per_tile not in cache:
+            probe = schedule.tiling(spec.channels, spec.groups, rows_per_tile, spec.itemsize, spec.direction,
+                                    batch=schedule.MIN_TILES)  # fmt: skip
+            r = of(probe) if cap is None else min(of(probe), cap)
+            if r < 1:
+                raise ValueError(f"{spec.id}: one-pass residency is {r}: the one-pass kernel cannot run")
+            cache[rows_per_tile] = r
+        return cache[rows_per_tile]
+
+    return at
+
+
+def nearby_plus(ratio: Ratio, residency: int) -> list[int]:
+    """The tile counts over ``mult x residency`` a case of `ratio` may use, nearest first: its own
+    ``plus``, then (for plus > 0) ``plus + 1, plus - 1, plus + 2, ...`` within 1 .. residency - 1,
+    so that the count stays between ``mult`` and ``mult + 1`` whole waves (the last wave partial:
+    some blocks take one more tile, not all). ``x1``, ``x2``: the exact count only."""
+    out = [ratio.plus]
+    if ratio.plus > 0:
+        for d in range(1, residency):
+            out += [k for k in (ratio.plus + d, ratio.plus - d) if 1 <= k < residency]
+    return out
+
+
+def _partial_shape(
+    spec: CaseSpec, at: Callable[[int], int]
+) -> tuple[tuple[int, ...], schedule.Tiling, int, str] | None:
+    """A partial shape when no one- or two-sample shape of the two usual tile heights has the
+    ratio's tile count: (shape, tiling, residency, note), or None.
+
+    `tiling` cuts a slice into tiles of the largest height only when it holds at least
+    ceil(MIN_TILES / N) of them, and into MIN_TILE_ROWS-row (or intermediate) tiles only up to
+    that many, N samples. So with one or two samples the largest tiles give at least about
+    MIN_TILES tiles and shorter tiles at most MIN_TILES, while a 1-block/SM GPU holds
+    ``SMs`` blocks of the largest tiles (ratio x SMs is often below MIN_TILES) and ``2 x SMs``
+    of short ones (ratio x 2 SMs often above it). More samples of fewer tiles each reach the
+    counts in between, but only those with a divisor N where every sample holds about
+    ceil(MIN_TILES / N) tiles. Searched here, nearest first: the exact count, then the nearest
+    counts of the same ratio class (`nearby_plus`), each over the tile heights (the two usual
+    ones, then the shortest height of every other residency) and the sample counts (fewest first).
+    """
+    largest, *rest = schedule.tile_row_choices(spec.channels, spec.itemsize, spec.direction)
+    smallest = rest[0] if rest else largest
+    heights = [largest, smallest] if rest else [largest]
+    seen = {at(h) for h in heights}
+    for h in range(smallest + 1, largest):  # the residency only falls as tiles grow (shared memory)
+        if at(h) not in seen:
+            seen.add(at(h))
+            heights.append(h)
+    mult, want = spec.ratio.mult, spec.ratio.plus
+    for plus in nearby_plus(spec.ratio, max(seen)):
+        for h in heights:
+            r = at(h)
+            if plus != want and not 1 <= plus < r:  # outside the ratio class at this residency
+                continue
+            tiles = mult * r + plus
+            for batch in sorted(d for d in _divisors(tiles) if tiles // d >= 2):
+                per = tiles // batch
+                rows = schedule.slice_rows_for_tiles(
+                    spec.channels, spec.itemsize, spec.direction, batch, per, h
+                )
+                lo, hi = rows.start, min(rows.stop - 1, per * h - 1)  # S = per x h: no partial tile
+                if lo > hi:
+                    continue
+                s = min(max(per * h - h // 2, lo), hi)  # half a tile short where the tiling allows
+                t = schedule.tiling(spec.channels, spec.groups, s, spec.itemsize, spec.direction, batch=batch)
+                if t.rows_per_tile != h or batch * t.tiles_per_slice != tiles or s % h == 0:
+                    raise RuntimeError(f"{spec.id}: slice_rows_for_tiles disagrees with tiling: {t}")
+                shape = (batch, spec.channels, *spatial(s, h))
+                how = f"{batch} samples of {per} tiles of {h} rows"
+                if plus == want:
+                    note = f"partial shape of {how}: no 1- or 2-sample shape has {tiles} tiles"
+                else:
+                    note = (f"{tiles} tiles ({Ratio(mult, plus).label} of residency {r}) instead of "
+                            f"{spec.ratio.tiles(r)} ({spec.ratio.label}), which no partial shape of "
+                            f"the model's tilings has; {how}")  # fmt: skip
+                return shape, t, r, note
+    return None
+
+
 def resolve(
     spec: CaseSpec,
     residency: Residency,
@@ -466,21 +558,24 @@ def resolve(
     else:
         # The residency depends on the tile height (shared memory), and the tile height on the tile
         # count (small tensors get short tiles): fix the height first, then find a shape with it.
+        at = _residency_at(spec, of, cap)
         for rows_per_tile in schedule.tile_row_choices(spec.channels, spec.itemsize, spec.direction):
-            probe = schedule.tiling(spec.channels, spec.groups, rows_per_tile, spec.itemsize, spec.direction,
-                                    batch=schedule.MIN_TILES)  # fmt: skip
-            r = of(probe) if cap is None else min(of(probe), cap)
-            if r < 1:
-                raise ValueError(f"{spec.id}: one-pass residency is {r}: the one-pass kernel cannot run")
+            r = at(rows_per_tile)
             tiles = spec.ratio.tiles(r)
             found = shape_for_tiles(spec, tiles, rows_per_tile, min(tiles, r))
             if found is not None:
                 shape, t = found
                 break
         else:
-            raise CaseUnavailable(
-                f"{spec.id}: no {spec.geometry} shape has {tiles} tiles of any tile height the model allows"
-            )
+            nearby = _partial_shape(spec, at) if spec.geometry == "partial" else None
+            if nearby is None:
+                also = " (nor a nearby count of its ratio class)" if spec.geometry == "partial" else ""
+                raise CaseUnavailable(
+                    f"{spec.id}: no {spec.geometry} shape has {tiles} tiles{also} of any tile height "
+                    "the model allows"
+                )
+            shape, t, r, note = nearby
+            notes = (*notes, note) if note else notes
     tiles = shape[0] * t.tiles_per_slice
     grid = min(tiles, r)
     if device_residency is not None:

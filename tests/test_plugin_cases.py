@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from itertools import product
 
 import pytest
@@ -17,6 +18,7 @@ from pytest_gn.cases import (
     CaseUnavailable,
     Ratio,
     _batches,
+    nearby_plus,
     parse_shapes,
     resolve,
     resolve_foreign,
@@ -144,6 +146,86 @@ def test_every_default_kind_has_a_shape(residency: int, geometry: str) -> None:
         n, _, h, w = case.shape
         t = schedule.tiling(c, g, h * w, spec.itemsize, direction, batch=n)
         assert n * t.tiles_per_slice == case.tiles == Ratio.parse(ratio).tiles(residency), spec.id
+
+
+#: ptxas gives every one-pass kernel 122-128 registers on every built-in arch (the arch sweep's
+#: matrix): two blocks per SM by registers, one on the 100 KB-SM GPUs once the tiles are large.
+ONEPASS_REGISTERS = 128
+BUILTIN_NUMBERS = {p.name: i for i, p in enumerate(profiles.BUILTIN_PROFILES)}
+
+
+def _assert_partial_case(case, of) -> None:
+    """The shape has the case's tile count in the model's own tiling, every slice ends in a
+    partial tile, and the count is the id's ratio of the shape's residency (or, where no partial
+    shape has that count, the nearest count of the same class, said in the notes)."""
+    spec, ratio = case.spec, case.spec.ratio
+    n, c, h, w = case.shape
+    t = schedule.tiling(c, spec.groups, h * w, spec.itemsize, spec.direction, batch=n)
+    assert (n * t.tiles_per_slice, t.rows_per_tile) == (case.tiles, case.tile_rows), spec.id
+    assert t.tiles_per_slice >= 2 and (h * w) % t.rows_per_tile != 0, spec.id  # partial last tile
+    r = case.residency
+    assert r == of(t) and case.cap == r and case.expected_grid == min(case.tiles, r), spec.id
+    assert case.numel <= 2**26, spec.id  # as small as the other cases
+    if case.tiles == ratio.tiles(r):
+        return
+    assert ratio.plus > 0 and ratio.mult * r < case.tiles < (ratio.mult + 1) * r, spec.id  # same class
+    assert abs(case.tiles - ratio.tiles(r)) == 1, spec.id  # the nearest count
+    assert any(f"instead of {ratio.tiles(r)} ({ratio.label})" in note for note in case.notes), case.notes
+
+
+def _profile_residency(name: str, regs: int = ONEPASS_REGISTERS) -> Callable[[schedule.Tiling], int]:
+    profile = profiles.get_profile(name)
+    return lambda t: schedule.model_residency(profile, schedule.KernelResources(regs), t)
+
+
+#: The partial cases `pytest --gn-arch-sweep` runs on the built-in profiles (16 per profile).
+SWEEP_PARTIAL = [
+    s
+    for s in specs_from_marker({}, profiles=tuple(BUILTIN_NUMBERS), profile_numbers=BUILTIN_NUMBERS)
+    if s.profile and s.geometry == "partial"
+]
+
+
+@pytest.mark.parametrize("spec", SWEEP_PARTIAL, ids=lambda s: s.id)
+def test_every_partial_case_of_the_arch_sweep_has_a_shape(spec: CaseSpec) -> None:
+    # 28 of these once skipped (RTX3090, A10, L4, RTX4090, RTX5090, GB10: one block per SM for the
+    # largest tiles, two for short ones), e.g. GB10-bwd-onepass-x4p3-fp16-silu-c64g1-partial.
+    of = _profile_residency(spec.profile)
+    _assert_partial_case(resolve(spec, of, cap_at_residency=True), of)
+
+
+@pytest.mark.parametrize("regs", [ONEPASS_REGISTERS, 96, 64])
+@pytest.mark.parametrize("name", list(BUILTIN_NUMBERS))
+def test_every_partial_kind_of_every_builtin_profile_has_a_shape(name: str, regs: int) -> None:
+    # every cell with every (C, G) pair, not only the rotation's; other register counts too
+    of = _profile_residency(name, regs)
+    every = [s for s in specs_from_marker({"rotate": False, "geometries": ("partial",)}, profiles=(name,))
+             if s.profile]  # fmt: skip
+    assert {s.id for s in SWEEP_PARTIAL if s.profile == name} <= {s.id for s in every}
+    for spec in every:
+        _assert_partial_case(resolve(spec, of, cap_at_residency=True), of)
+
+
+def test_a_partial_count_without_a_shape_moves_to_the_nearest_of_its_class() -> None:
+    of = _profile_residency("GB10")
+    # 4 x 96 + 3 = 387 = 9 x 43 tiles of 16 rows (96 blocks): no sample count gives every sample
+    # a partial tile; 4 x 48 + 3 = 195 of the largest (48 blocks): too few for the largest tiles.
+    case = resolve(
+        _spec("x4p3", "fwd", "fp16", geometry="partial", profile="GB10"), of, cap_at_residency=True
+    )
+    assert (case.residency, case.tiles, case.tile_rows) == (96, 388, 16)
+    assert case.shape[0] == 194 and "388 tiles (x4p4 of residency 96) instead of 387 (x4p3)" in case.notes[0]
+    _assert_partial_case(case, of)
+    # RTX5090's x1: 340 tiles exist, as 85 samples of 4 (no 1- or 2-sample shape has them)
+    exact = resolve(_spec("x1", "bwd", "fp32", geometry="partial"), _profile_residency("RTX5090"))
+    assert (exact.tiles, exact.residency, exact.shape[0]) == (340, 340, 85) and "85 samples" in exact.notes[0]
+
+
+def test_nearby_plus_keeps_the_ratio_class() -> None:
+    assert nearby_plus(Ratio(1), 100) == [0] and nearby_plus(Ratio(2), 7) == [0]  # whole waves: exact only
+    assert nearby_plus(Ratio(4, 3), 6) == [3, 4, 2, 5, 1]  # nearest first, above first, within 1..r-1
+    assert nearby_plus(Ratio(1, 1), 3) == [1, 2]
+    assert nearby_plus(Ratio(1, 1), 1) == [1]
 
 
 def test_batch_overflow_starts_inside_a_sample_when_the_tiles_allow() -> None:

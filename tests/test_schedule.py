@@ -128,3 +128,23 @@ def test_batch_rows_for_tiles_gives_exact_tile_counts(direction, tiles):
         t = tiling(128, 16, rows, 2, direction, batch=batch)
         assert (t.rows_per_tile, batch * t.tiles_per_slice) == (rows_per_tile, tiles)
     assert found_any  # the short tiles reach any count
+
+
+@pytest.mark.parametrize(
+    ("channels", "itemsize", "direction"),
+    [(128, 2, "fwd"), (640, 2, "fwd"), (1024, 2, "bwd"), (2048, 2, "fwd"), (4096, 4, "bwd")],
+)  # largest tiles of 256, 51, 16, 16 and 2 rows (the last three: no height between the usual ones)
+@pytest.mark.parametrize("batch", [1, 2, 3, 85, 300])
+def test_slice_rows_for_tiles_inverts_tiling(
+    channels: int, itemsize: int, direction: str, batch: int
+) -> None:
+    largest = schedule.max_tile_rows(channels, itemsize, direction)
+    limit = -(-schedule.MIN_TILES // batch) * (largest + 2) + 3 * largest  # past the largest tiles' onset
+    seen: dict[tuple[int, int], list[int]] = {}
+    for rows in range(1, limit):
+        t = tiling(channels, 1, rows, itemsize, direction, batch=batch)
+        seen.setdefault((t.tiles_per_slice, t.rows_per_tile), []).append(rows)
+    for h in range(1, largest + 2):
+        for per in range(1, limit // h):
+            got = schedule.slice_rows_for_tiles(channels, itemsize, direction, batch, per, h)
+            assert list(got) == seen.get((per, h), []), (per, h)

@@ -287,6 +287,35 @@ def tile_row_choices(channels: int, itemsize: int, direction: str) -> tuple[int,
     return tuple(dict.fromkeys((largest, min(MIN_TILE_ROWS, largest))))
 
 
+def slice_rows_for_tiles(
+    channels: int, itemsize: int, direction: str, batch: int, tiles_per_slice: int, rows_per_tile: int
+) -> range:
+    """Every S whose `tiling` (of `batch` slices of S rows) has exactly `tiles_per_slice` tiles of
+    `rows_per_tile` rows per slice: the inverse of `tiling`, empty when there is none.
+
+    `tiling` takes the largest tile for slices of at least ceil(MIN_TILES / batch) largest tiles,
+    MIN_TILE_ROWS for slices of at most that many MIN_TILE_ROWS-row tiles, and the height that
+    makes about that many tiles in between; so a height between the two only cuts a slice into
+    close to ceil(MIN_TILES / batch) tiles.
+    """
+    h, per_slice = rows_per_tile, tiles_per_slice
+    largest = max_tile_rows(channels, itemsize, direction)
+    smallest = min(MIN_TILE_ROWS, largest)
+    if batch < 1 or per_slice < 1 or not 1 <= h <= largest:
+        return range(0)
+    if h < smallest:  # only a slice shorter than the smallest tile: one tile of all its rows
+        return range(h, h + 1) if per_slice == 1 else range(0)
+    aim = -(-MIN_TILES // batch)  # tiles per slice `tiling` aims for: its height is ceil(S / aim)
+    lo, hi = max((per_slice - 1) * h + 1, h), per_slice * h  # ceil(S / h) == per_slice
+    if h == largest and h > smallest:
+        lo = max(lo, aim * (h - 1) + 1)  # ceil(S / aim) >= largest
+    elif h == smallest and h < largest:
+        hi = min(hi, aim * h)  # ceil(S / aim) <= MIN_TILE_ROWS
+    elif smallest < h < largest:
+        lo, hi = max(lo, aim * (h - 1) + 1), min(hi, aim * h)  # ceil(S / aim) == h
+    return range(lo, max(lo, hi + 1))
+
+
 def batch_rows_for_tiles(
     channels: int, groups: int, itemsize: int, direction: str, tiles: int, rows_per_tile: int
 ) -> tuple[int, int] | None:
