@@ -474,3 +474,28 @@ def test_callback_passes_fuse_calls(tmp_path):
     callback = GNSwapCallback()
     fit(callback)
     assert callback.report.fused == []
+
+
+class TimestepNet(nn.Module):
+    """Like diffusers' UNet2DModel.forward: a type test on an alias of an argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(2, 4)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor, timestep: object) -> torch.Tensor:
+        steps = timestep
+        if not torch.is_tensor(steps):
+            steps = torch.tensor([steps], dtype=torch.float32)
+        return self.act(self.norm(x)) + steps.float().reshape(-1, 1, 1, 1)
+
+
+def test_forward_with_type_tests_is_not_traced() -> None:
+    torch.manual_seed(0)
+    ref = TimestepNet()
+    model, report = convert_groupnorm(copy.deepcopy(ref), fuse_calls=True)
+    assert report.fused == [] and "tests types (is_tensor)" in report.skipped[""]
+    x = torch.randn(2, 4, 3, 3)
+    for t in (torch.tensor([3.0, 5.0]), 4):  # both branches still work
+        torch.testing.assert_close(model(x, t), ref(x, t))

@@ -6,6 +6,7 @@ torch.fx and fused into the GroupNorm; `FusedForward` runs the edited graph in t
 from __future__ import annotations
 
 import inspect
+import re
 from collections import Counter
 from collections.abc import Iterable
 
@@ -44,6 +45,16 @@ def traceable_owner(module: nn.Module) -> bool:
         isinstance(m, GroupNorm) and m.act is None and groupnorm_act(m) == (None, None)
         for m in _owned(module)
     )
+
+
+def _type_checked(module: nn.Module) -> list[str]:
+    """The type tests (``isinstance``, ``torch.is_tensor``, ...) in ``forward``'s own source. Any
+    counts: the value tested is often an alias of an argument (diffusers: ``timesteps = timestep``)."""
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return []
+    return sorted(set(re.findall(r"\b(isinstance|is_tensor|is_floating_point|is_complex)\(", source)))
 
 
 def _forward_parameters(module: nn.Module) -> list[inspect.Parameter]:
@@ -124,6 +135,12 @@ def fuse_traced_calls(module: nn.Module, name: str, report: ConversionReport, co
     """Fuse GroupNorm -> SiLU call pairs in ``module``'s own forward (see `convert_groupnorm`)."""
     params = _forward_parameters(module)
     traced = [p for p in params if p.kind in _NAMED and p.default is p.empty]
+    checked = _type_checked(module)
+    if checked:
+        # fx traces proxies, not tensors: a type test takes its non-tensor branch for good (diffusers'
+        # UNet2DModel.forward converts a non-tensor timestep, and every later call failed)
+        report.skipped[name] = f"forward not traced for SiLU fusion: it tests types ({', '.join(checked)})"
+        return
     try:
         graph = _trace_both_modes(module, traced)
     except Exception as exc:  # tracing runs arbitrary user code
