@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Shapes: "
         + "; ".join(c.name for c in CASES)
         + f". --quick: {', '.join(QUICK_NAMES)}. Saved pytest-benchmark runs: "
-        + "'python -m gn_module.bench history --help', 'python -m gn_module.bench gate --help'.",
+        + "'python -m gn_module.bench history --help', 'python -m gn_module.bench gate --help'. "
+        + "Whole-model training steps with and without the swap: 'python -m gn_module.bench models --help'.",
     )
     p.add_argument(
         "--shapes", help="comma-separated substrings of shape names to keep, e.g. '1x128x1024,G16'"
@@ -125,6 +126,8 @@ def run_case(
 
 #: Subcommands that read saved pytest-benchmark runs (gn_module.bench.history_cli); no GPU needed.
 SUBCOMMANDS = ("history", "gate")
+#: Model-level training-step benchmark (gn_module.bench.models).
+MODELS_COMMAND = "models"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gn_module.bench import history_cli
 
         return history_cli.main(argv[0], argv[1:])
+    if argv and argv[0] == MODELS_COMMAND:
+        from gn_module.bench import models
+
+        return models.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

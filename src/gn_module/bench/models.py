@@ -1,0 +1,635 @@
+"""`python -m gn_module.bench models`: a full training step, with and without `convert_groupnorm`.
+
+One training step is: forward, loss, backward, optimizer step (AdamW), zero_grad. For each model and
+precision (fp32, or bf16 autocast) three configurations run, each on a fresh model built with the same
+seed and fed the same batch:
+
+* ``channels_last`` and ``contiguous`` (NCHW): torch's own GroupNorm, model and inputs in that layout.
+  The faster of the two is the *baseline*: what a user would run without us. The report says which.
+* ``swapped``: ``convert_groupnorm(model)`` (``fuse_calls=True`` with ``--fuse-calls``), channels_last.
+
+Each configuration runs W warm-up steps and then N timed steps; the step time is the median of the N.
+On CUDA every step is bracketed by CUDA events (steps are queued back to back, as in training) and the
+peak memory is ``torch.cuda.max_memory_allocated`` over the timed steps; on the CPU (smoke tests)
+steps are timed with ``time.perf_counter`` and there is no peak memory. With ``--compile`` the model is
+``torch.compile``d (after ``torch.compiler.reset()``, Inductor's caches off) and the wall time of the
+first step, which compiles the forward and backward graphs, is reported as the compile time.
+
+Errors (an OOM, a model that fails to build or to compile) are caught per configuration and reported
+in its row; the run goes on. Models whose package is missing are skipped with the reason.
+
+Exit status: 0 after a run in which at least one row was measured (rows with errors included);
+1 when nothing could be measured; 2 for bad arguments; 3 when --device is CUDA and there is none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import gc
+import json
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gn_module.bench.cli import EXIT_NO_CUDA, _csv
+from gn_module.bench.model_zoo import MODEL_NAMES, MODELS, Batch, ModelSpec, _error_text
+
+EXIT_NOTHING_MEASURED = 1
+PRECISIONS = ("fp32", "bf16")
+#: Configurations measured for every row, in run order.
+BASELINE_LAYOUTS = ("channels_last", "contiguous")
+SWAPPED = "swapped"
+CONFIGS = (*BASELINE_LAYOUTS, SWAPPED)
+LAYOUT_LABEL = {"channels_last": "CL", "contiguous": "NCHW"}
+DEFAULTS = {"steps": 20, "warmup": 5}
+TINY_DEFAULTS = {"steps": 2, "warmup": 1}
+SEED = 0
+LR = 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class Measurement:
+    """One configuration of one row: times in milliseconds, memory in MiB."""
+
+    config: str  # channels_last | contiguous | swapped
+    median_ms: float | None = None
+    q1_ms: float | None = None
+    q3_ms: float | None = None
+    min_ms: float | None = None
+    times_ms: list[float] = field(default_factory=list)
+    peak_mib: float | None = None
+    first_step_s: float | None = None  # wall time of the first step; with --compile, the compile time
+    first_loss: float | None = None
+    last_loss: float | None = None
+    conversion: dict[str, int] | None = None  # swapped/fused/already/skipped counts (swapped config)
+    rewritten: int | None = None  # forwards rewritten by fuse_calls
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.median_ms is not None
+
+
+def choose_baseline(measurements: Mapping[str, Measurement]) -> str | None:
+    """The faster of the measured baseline layouts (ties: channels_last); None when neither ran."""
+    timed = [
+        (m.median_ms, BASELINE_LAYOUTS.index(layout))
+        for layout, m in measurements.items()
+        if layout in BASELINE_LAYOUTS and m.ok
+    ]
+    return BASELINE_LAYOUTS[min(timed)[1]] if timed else None
+
+
+@dataclass
+class Row:
+    model: str
+    precision: str
+    compiled: bool
+    batch: int
+    measurements: dict[str, Measurement] = field(default_factory=dict)
+
+    @property
+    def baseline_layout(self) -> str | None:
+        return choose_baseline(self.measurements)
+
+    @property
+    def baseline(self) -> Measurement | None:
+        layout = self.baseline_layout
+        return self.measurements[layout] if layout else None
+
+    @property
+    def swapped(self) -> Measurement | None:
+        m = self.measurements.get(SWAPPED)
+        return m if m is not None and m.ok else None
+
+    @property
+    def speedup(self) -> float | None:
+        base, ours = self.baseline, self.swapped
+        if base is None or ours is None or not ours.median_ms:
+            return None
+        return base.median_ms / ours.median_ms
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return {k: m.error for k, m in self.measurements.items() if m.error}
+
+    def as_dict(self) -> dict[str, Any]:
+        base, ours = self.baseline, self.swapped
+        conv = (self.measurements.get(SWAPPED) or Measurement(SWAPPED)).conversion or {}
+        return {
+            "model": self.model,
+            "precision": self.precision,
+            "mode": "compile" if self.compiled else "eager",
+            "batch": self.batch,
+            "baseline_layout": self.baseline_layout,
+            "baseline_ms": base.median_ms if base else None,
+            "swapped_ms": ours.median_ms if ours else None,
+            "speedup": self.speedup,
+            "baseline_peak_mib": base.peak_mib if base else None,
+            "swapped_peak_mib": ours.peak_mib if ours else None,
+            "baseline_compile_s": base.first_step_s if base and self.compiled else None,
+            "swapped_compile_s": ours.first_step_s if ours and self.compiled else None,
+            "swapped": conv.get("swapped"),
+            "fused": conv.get("fused"),
+            "errors": self.errors,
+            "measurements": {k: asdict(m) for k, m in self.measurements.items()},
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(step: Callable[[], object], n: int, device: torch.device) -> list[float]:
+    """Milliseconds of each of ``n`` consecutive calls of ``step``: CUDA events around each call on
+    CUDA (queued back to back, one synchronize at the end), ``time.perf_counter`` elsewhere."""
+    if device.type == "cuda":
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)
+        ]
+        for start, end in events:
+            start.record()
+            step()
+            end.record()
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) for start, end in events]
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float]:
+    from gn_module.bench.timing import quantile
+
+    ordered = sorted(values)
+    return quantile(ordered, 0.25), quantile(ordered, 0.75)
+
+
+@dataclass(frozen=True)
+class Settings:
+    steps: int = DEFAULTS["steps"]
+    warmup: int = DEFAULTS["warmup"]
+    tiny: bool = False
+    fuse_calls: bool = False
+    batch: int | None = None  # None: each model's own
+    compile_backend: str = "inductor"
+    compile_mode: str | None = None
+    seed: int = SEED
+
+
+def batch_size(spec: ModelSpec, settings: Settings) -> int:
+    if settings.batch is not None:
+        return settings.batch
+    return spec.tiny_batch if settings.tiny else spec.batch
+
+
+def _to_device(batch: Batch, device: torch.device, fmt: torch.memory_format) -> Batch:
+    return {
+        k: v.to(device).contiguous(memory_format=fmt) if v.dim() == 4 else v.to(device)
+        for k, v in batch.items()
+    }
+
+
+@contextlib.contextmanager
+def _compile_context(compiled: bool) -> Iterator[None]:
+    if not compiled:
+        yield
+        return
+    torch.compiler.reset()
+    import torch._inductor.config as inductor_config
+
+    # Cold compiles for every configuration: no FX-graph/autotune cache hits from earlier ones or runs.
+    with inductor_config.patch(force_disable_caches=True), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+        yield
+    torch.compiler.reset()
+
+
+def measure(
+    spec: ModelSpec,
+    config: str,
+    precision: str,
+    compiled: bool,
+    batch_cpu: Batch,
+    device: torch.device,
+    settings: Settings,
+) -> Measurement:
+    """Build a fresh model (seeded), prepare it for ``config``, run warm-up and timed training steps.
+    Any exception becomes the measurement's error; the model is freed before this returns."""
+    m = Measurement(config)
+    try:
+        _train(spec, m, precision, compiled, batch_cpu, device, settings)
+        m.median_ms = statistics.median(m.times_ms)
+        m.q1_ms, m.q3_ms = _quartiles(m.times_ms)
+        m.min_ms = min(m.times_ms)
+    except Exception as exc:  # OOM, build or compile failures: reported in the row
+        m.error = _error_text(exc)
+        m.times_ms = []
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return m
+
+
+def _train(
+    spec: ModelSpec,
+    m: Measurement,
+    precision: str,
+    compiled: bool,
+    batch_cpu: Batch,
+    device: torch.device,
+    settings: Settings,
+) -> None:
+    from gn_module.convert import convert_groupnorm
+
+    torch.manual_seed(settings.seed)
+    model = spec.build(settings.tiny)
+    model.train()
+    if m.config == SWAPPED:
+        model, report = convert_groupnorm(model, fuse_calls=settings.fuse_calls)
+        m.conversion, m.rewritten = report.summary(), len(report.rewritten)
+    fmt = torch.contiguous_format if m.config == "contiguous" else torch.channels_last
+    model = model.to(device).to(memory_format=fmt)
+    batch = _to_device(batch_cpu, device, fmt)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    with _compile_context(compiled):
+        run = (
+            torch.compile(model, backend=settings.compile_backend, mode=settings.compile_mode)
+            if compiled
+            else model
+        )
+
+        def step() -> torch.Tensor:
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = spec.loss(run, batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        _sync(device)
+        t0 = time.perf_counter()
+        m.first_loss = float(step())  # synchronizes
+        m.first_step_s = time.perf_counter() - t0
+        for _ in range(settings.warmup - 1):
+            step()
+        _sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        losses: list[torch.Tensor] = []
+        m.times_ms = time_steps(lambda: losses.append(step()), settings.steps, device)
+        if device.type == "cuda":
+            m.peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
+        m.last_loss = float(losses[-1])
+
+
+def run_row(
+    spec: ModelSpec,
+    precision: str,
+    compiled: bool,
+    device: torch.device,
+    settings: Settings,
+    log: Callable[[str], None] = print,
+) -> Row:
+    """The three configurations of one (model, precision, mode), on the same seeded batch."""
+    n = batch_size(spec, settings)
+    gen = torch.Generator().manual_seed(settings.seed)
+    batch_cpu = spec.make_batch(settings.tiny, n, gen)
+    row = Row(spec.name, precision, compiled, n)
+    mode = "compile" if compiled else "eager"
+    for config in CONFIGS:
+        m = measure(spec, config, precision, compiled, batch_cpu, device, settings)
+        row.measurements[config] = m
+        log(f"{spec.name:24} {precision} {mode:7} {config:13} {_measurement_text(m, compiled)}")
+    return row
+
+
+def _measurement_text(m: Measurement, compiled: bool) -> str:
+    if m.error:
+        return f"ERROR {m.error}"
+    text = f"{m.median_ms:9.2f} ms (iqr {m.q3_ms - m.q1_ms:.2f}, n={len(m.times_ms)})"
+    if m.peak_mib is not None:
+        text += f"  peak {m.peak_mib:8.0f} MiB"
+    text += f"  {'compile' if compiled else 'first step'} {m.first_step_s:.2f} s  loss {m.first_loss:.4g}"
+    if m.conversion:
+        text += f"  swapped {m.conversion['swapped']} fused {m.conversion['fused']}"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports
+
+
+@dataclass
+class ModelsReport:
+    date: str
+    command: str
+    device: dict[str, Any]
+    settings: dict[str, Any]
+    rows: list[Row] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # model -> reason
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "date": self.date,
+            "command": self.command,
+            "device": self.device,
+            "settings": self.settings,
+            "rows": [r.as_dict() for r in self.rows],
+            "skipped": self.skipped,
+        }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
+    compiled = any(r.compiled for r in rows)
+    header = [
+        "model",
+        "precision",
+        "mode",
+        "baseline layout",
+        "baseline ms",
+        "other layout ms",
+        "swapped ms",
+        "speedup",
+        "peak MiB baseline",
+        "peak MiB swapped",
+        "swapped/fused",
+    ]
+    if compiled:
+        header += ["compile s baseline", "compile s swapped"]
+    body = []
+    for r in rows:
+        layout, base, ours = r.baseline_layout, r.baseline, r.swapped
+        other = (
+            next((r.measurements.get(k) for k in BASELINE_LAYOUTS if k != layout), None) if layout else None
+        )
+        conv = (r.measurements.get(SWAPPED) or Measurement(SWAPPED)).conversion
+        cells = [
+            r.model,
+            r.precision,
+            "compile" if r.compiled else "eager",
+            LAYOUT_LABEL[layout] if layout else "error",
+            _ms(base.median_ms if base else None),
+            _ms(other.median_ms if other is not None and other.ok else None),
+            _ms(ours.median_ms if ours else None) if ours else "error",
+            "-" if r.speedup is None else f"{r.speedup:.2f}x",
+            _mib(base.peak_mib if base else None),
+            _mib(ours.peak_mib if ours else None),
+            f"{conv['swapped']}/{conv['fused']}" if conv else "-",
+        ]
+        if compiled:
+            cells += [
+                f"{base.first_step_s:.1f}" if base and r.compiled else "-",
+                f"{ours.first_step_s:.1f}" if ours and r.compiled else "-",
+            ]
+        body.append(cells)
+    return header, body
+
+
+def _notes(report: ModelsReport) -> list[str]:
+    lines = [f"{name}: skipped, {why}" for name, why in report.skipped.items()]
+    for r in report.rows:
+        mode = "compile" if r.compiled else "eager"
+        lines += [f"{r.model} {r.precision} {mode} {cfg}: {err}" for cfg, err in r.errors.items()]
+    return lines
+
+
+def render_console(report: ModelsReport) -> str:
+    from gn_module.bench.report import render_text
+
+    header, body = table(report.rows)
+    out = [render_text(header, body)] if body else ["(no rows)"]
+    out += _notes(report)
+    return "\n".join(out)
+
+
+def render_markdown_report(report: ModelsReport) -> str:
+    from gn_module.bench.device import device_label
+    from gn_module.bench.report import render_markdown
+
+    header, body = table(report.rows)
+    s = report.settings
+    name = report.device.get("name", "GPU" if report.device.get("cuda") else "CPU")
+    lines = [
+        f"### {report.date}: models, {name}",
+        "",
+        f"- Date: {report.date}",
+        f"- Device: {device_label(report.device)}",
+        f"- Command: `{report.command}`",
+        f"- Settings: {', '.join(f'{k}={v}' for k, v in s.items())}",
+        "",
+        f"One training step = forward, loss, backward, AdamW step, zero_grad; median of {s.get('steps')} "
+        f"timed steps after {s.get('warmup')} warm-up steps ("
+        + ("CUDA events" if report.device.get("cuda") else "perf_counter, CPU")
+        + "), each configuration on a fresh model with the same seed and batch. Baseline = the faster of "
+        "channels_last (CL) and NCHW with torch's GroupNorm (`other layout ms` is the slower); swapped = "
+        "`convert_groupnorm` on channels_last. Speedup = baseline ms / swapped ms. Peak MiB = "
+        "`torch.cuda.max_memory_allocated` over the timed steps. swapped/fused: GroupNorm layers swapped / "
+        "with SiLU fused. Compile s: wall time of the first compiled step.",
+        "",
+        render_markdown(header, body) if body else "(no rows)",
+    ]
+    notes = _notes(report)
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def write_reports(report: ModelsReport, json_path: str | None, markdown_path: str | None) -> None:
+    if json_path:
+        Path(json_path).write_text(json.dumps(report.as_dict(), indent=1) + "\n")
+    if markdown_path:
+        Path(markdown_path).write_text(render_markdown_report(report))
+
+
+def prebuild(device: torch.device) -> None:
+    """Build (or load) our CUDA kernels before timing, so no first step pays for nvcc."""
+    from gn_module.functional import group_norm
+
+    t0 = time.perf_counter()
+    try:
+        x = torch.randn(2, 32, 8, 8, device=device).contiguous(memory_format=torch.channels_last)
+        group_norm(x.requires_grad_(), 8, act="silu").sum().backward()
+        torch.cuda.synchronize(device)
+        print(f"gn_module kernels ready ({time.perf_counter() - t0:.1f} s)", flush=True)
+    except Exception as exc:  # the swapped configurations will report it
+        print(f"warning: gn_module kernels failed to build or run: {_error_text(exc)}", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m gn_module.bench models",
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog="Models: " + ", ".join(f"{k} ({s.title})" for k, s in MODELS.items()),
+    )
+    p.add_argument(
+        "--models", type=_csv(MODEL_NAMES), help="comma-separated (default: every available model)"
+    )
+    p.add_argument("--precisions", type=_csv(PRECISIONS), default=list(PRECISIONS), help="default fp32,bf16")
+    p.add_argument("--compile", action="store_true", help="also run torch.compile rows")
+    p.add_argument(
+        "--compile-models",
+        type=_csv(MODEL_NAMES),
+        help="with --compile: the models that get compile rows (default: all selected)",
+    )
+    p.add_argument(
+        "--compile-precisions", type=_csv(PRECISIONS), help="with --compile (default: --precisions)"
+    )
+    p.add_argument("--no-eager", action="store_true", help="with --compile: only the compile rows")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: torch's default)")
+    p.add_argument("--fuse-calls", action="store_true", help="convert_groupnorm(fuse_calls=True)")
+    p.add_argument("--batch", type=int, help="batch size for every model (default: each model's own)")
+    p.add_argument(
+        "--steps", type=int, help=f"timed steps (default {DEFAULTS['steps']}, tiny {TINY_DEFAULTS['steps']})"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        help=f"warm-up steps (default {DEFAULTS['warmup']}, tiny {TINY_DEFAULTS['warmup']})",
+    )
+    p.add_argument("--tiny", action="store_true", help="tiny models and inputs (CPU smoke runs)")
+    p.add_argument("--device", default="cuda", help="default cuda; cpu times with perf_counter (smoke tests)")
+    p.add_argument("--json", metavar="PATH", help="write every row and measurement as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="write a Markdown section for benchmarks/RESULTS.md")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    base = TINY_DEFAULTS if args.tiny else DEFAULTS
+    steps = base["steps"] if args.steps is None else args.steps
+    warmup = base["warmup"] if args.warmup is None else args.warmup
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
+    if warmup < 1:
+        raise ValueError(f"--warmup must be >= 1 (the first step is timed separately), got {warmup}")
+    if args.batch is not None and args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    return Settings(
+        steps=steps,
+        warmup=warmup,
+        tiny=args.tiny,
+        fuse_calls=args.fuse_calls,
+        batch=args.batch,
+        compile_backend=args.compile_backend,
+        compile_mode=args.compile_mode,
+    )
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, str, bool]]:
+    """(model, precision, compiled) rows in run order: eager rows model by model, then compile rows."""
+    models = args.models or list(MODEL_NAMES)
+    rows = [] if args.no_eager else [(m, p, False) for m in models for p in args.precisions]
+    if args.compile:
+        compile_models = [m for m in models if m in (args.compile_models or models)]
+        rows += [(m, p, True) for m in compile_models for p in (args.compile_precisions or args.precisions)]
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m gn_module.bench models ARGS`; returns the exit status (see the module docstring)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.no_eager and not args.compile:
+        parser.error("--no-eager needs --compile")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        parser.error(f"--device: {exc}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print(
+                f"gn_module.bench models: no CUDA device (torch {torch.__version__}); use --device cpu for a "
+                "smoke run. Nothing was measured.",
+                file=sys.stderr,
+            )
+            return EXIT_NO_CUDA
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True  # as examples/train_unet.py and most training scripts
+
+    from gn_module.bench.device import device_info, device_label
+
+    info = device_info(device) if device.type == "cuda" else {"torch": torch.__version__, "cuda": False}
+    print(
+        f"device: {device_label(info) if device.type == 'cuda' else 'cpu (perf_counter timing)'}", flush=True
+    )
+
+    report = ModelsReport(
+        date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        command="python -m gn_module.bench models " + shlex.join(argv),
+        device=info,
+        settings={
+            **{k: v for k, v in asdict(settings).items() if v is not None},
+            "optimizer": f"AdamW(lr={LR})",
+            "cudnn_benchmark": device.type == "cuda",
+        },
+    )
+    if device.type == "cuda":
+        prebuild(device)
+    reasons: dict[str, str | None] = {}
+    started = time.perf_counter()
+    for name, precision, compiled in plan(args):
+        if name not in reasons:
+            reasons[name] = MODELS[name].unavailable()
+            if reasons[name]:
+                report.skipped[name] = reasons[name]
+                print(f"{name:24} skipped: {reasons[name]}", flush=True)
+        if reasons[name]:
+            continue
+        row = run_row(MODELS[name], precision, compiled, device, settings, log=lambda s: print(s, flush=True))
+        report.rows.append(row)
+        report.settings["elapsed_s"] = round(time.perf_counter() - started, 1)
+        write_reports(report, args.json, args.markdown)  # after every row: a killed run keeps its rows
+    report.settings["elapsed_s"] = round(time.perf_counter() - started, 1)
+
+    print()
+    print(render_console(report))
+    write_reports(report, args.json, args.markdown)
+    for path in (args.json, args.markdown):
+        if path:
+            print(f"wrote {path}")
+    print(f"benchmark time: {report.settings['elapsed_s']:.0f} s")
+    measured = any(r.baseline is not None or r.swapped is not None for r in report.rows)
+    return 0 if measured else EXIT_NOTHING_MEASURED
