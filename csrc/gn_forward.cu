@@ -118,41 +118,59 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   finish_launch(a);
 }
 
-// Two launches, one block per tile: partials (the last block of a task combines), then y.
+// Two launches over the same persistent teams as the one-pass kernel (no block waits for another,
+// so any grid works): each member reduces its tiles of its team's tasks and the last member of a
+// task to arrive combines; then each member writes y for the same tiles, its tasks in reverse
+// order and each range's chunks in reverse, so the data the stats launch read last (still in L2)
+// goes first.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
-  const int64_t task = blockIdx.x / a.tiles_per_task, tile = blockIdx.x % a.tiles_per_task;
-  member_stats<T, V>(a, task, tile, tile + 1, sm);
-  trace_point(a, 1);
-  if (arrive(arrivals(a, task), static_cast<unsigned>(a.tiles_per_task))) {
-    trace_point(a, 2);
-    combine_task<T>(a, task);
+  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  int64_t tiles_done = 0;
+  if (team < a.teams) {
+    const int64_t t0 = member * a.tiles_per_task / a.team_size;
+    const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
+    for (int64_t task = team; task < task_count(a); task += a.teams) {
+      member_stats<T, V>(a, task, t0, t1, sm, /*with_params=*/false);
+      if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) combine_task<T>(a, task);
+      tiles_done += t1 - t0;
+    }
   }
-  trace_point(a, 3);
-  record(a, 1, 1);
+  trace_point(a, 15);
+  record(a, 1, static_cast<int>(tiles_done));
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
 
-// Tiles in reverse order, so the tiles the stats launch read last (still in L2) go first.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
-  const int64_t b = static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x;
-  const int64_t task = b / a.tiles_per_task, tile = b % a.tiles_per_task;
-  load_task_params(a, task, sm.param);  // (member_stats does this in the other kernels)
-  load_group_stats(a, task, sm.grp);
-  __syncthreads();
-  const int reread = member_apply<T, V>(a, task, tile, tile + 1, sm, 0);
-  record(a, 2, 1);
-  record(a, 3, reread);
+  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const int64_t tasks = task_count(a);
+  int64_t tiles_done = 0, reread = 0;
+  if (team < a.teams && team < tasks) {
+    const int64_t t0 = member * a.tiles_per_task / a.team_size;
+    const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
+    const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task
+    for (int64_t task = last; task >= team; task -= a.teams) {
+      load_task_params(a, task, sm.param);
+      load_group_stats(a, task, sm.grp);
+      __syncthreads();
+      reread += member_apply<T, V>(a, task, t0, t1, sm, 0);
+      tiles_done += t1 - t0;
+    }
+  }
+  record(a, 2, static_cast<int>(tiles_done));
+  record(a, 3, static_cast<int>(reread));
 }
 
 template <typename Cfg>
 int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
   constexpr int V = Cfg::vec;
+  // the row loops are unrolled for at most kChunkRowsPerThread rows per thread (schedule.py agrees)
+  if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) return cudaErrorInvalidValue;
   cudaError_t err;
   if (a.schedule == 1) {
     const void* kernel = reinterpret_cast<const void*>(fwd_task_onepass<T, V>);
@@ -162,7 +180,7 @@ int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
     err = cudaLaunchCooperativeKernel(kernel, dim3(a.grid), dim3(kThreads), params, a.smem, stream);
     return err != cudaSuccess ? err : cudaGetLastError();
   }
-  const unsigned blocks = static_cast<unsigned>(a.n * (a.c / a.window) * a.tiles_per_task);
+  const unsigned blocks = static_cast<unsigned>(a.grid);
   if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_stats<T, V>), a.smem)) != cudaSuccess) return err;
   if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_apply<T, V>), a.smem)) != cudaSuccess) return err;
   fwd_task_stats<T, V><<<blocks, kThreads, a.smem, stream>>>(a);

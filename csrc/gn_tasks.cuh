@@ -15,6 +15,8 @@
 // the combine sums tile partials in tile order. Results are bitwise identical across residency
 // caps, devices with other shared-memory sizes, and the two schedules.
 #pragma once
+#include <climits>
+
 #include "gn_kernels.cuh"
 
 namespace gn {
@@ -119,28 +121,44 @@ __device__ __forceinline__ int groups_per_window(const GnArgs& a) {
   return static_cast<int>(a.window) / channels_per_group(a);
 }
 
-// The `q`-th chunk of the tiles [t0, t1) of a task: tiles have rows_per_tile rows (the last tile of
-// the task fewer) and are cut into chunks of chunk_rows; a chunk past the task's end has 0 rows.
-// (q and the chunk counts are small: 32-bit division.)
-struct Chunk {
-  int64_t tile, row0;
-  int rows;
-  bool last_of_tile;
-};
+// Rows of a chunk per thread, a compile-time bound so the row loops unroll with constant offsets:
+// 4 for 16-byte vectors (16 KB chunks when the window's columns divide the block), 16 for the
+// scalar path. schedule.chunk_rows_per_thread; the launcher checks chunk_rows against it.
+template <typename T, int V>
+constexpr int kChunkRowsPerThread = sizeof(T) * V == 16 ? 4 : 16;
+
 __device__ __forceinline__ int chunks_per_tile(const GnArgs& a) {
   return static_cast<int>((a.rows_per_tile + a.chunk_rows - 1) / a.chunk_rows);
 }
-__device__ __forceinline__ Chunk chunk_at(const GnArgs& a, int64_t t0, int q) {
-  const int cpt = chunks_per_tile(a);
-  const int dt = q / cpt, k = q - dt * cpt;
-  Chunk ch;
-  ch.tile = t0 + dt;
-  ch.row0 = ch.tile * a.rows_per_tile + static_cast<int64_t>(k) * a.chunk_rows;
-  const int64_t end = min((ch.tile + 1) * a.rows_per_tile, a.s);
-  ch.rows = static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(a.chunk_rows), end - ch.row0)));
-  ch.last_of_tile = k == cpt - 1;
-  return ch;
-}
+
+// One thread's view of the chunks of a member's tiles [t0, t1) of a task. Tiles are whole chunks
+// (schedule.task_tiling), so chunk q starts at row t0 * rows_per_tile + q * chunk_rows; chunks past
+// the task's last row are empty. The thread's rows of chunk q are k * rows_threads (k < R) from
+// its first row, those below limit(q). No divisions per chunk.
+template <typename T>
+struct ThreadChunks {
+  int64_t first;  // this thread's element offset (from the task's base) in chunk 0
+  int64_t cstep;  // elements from one chunk to the next
+  int64_t left;   // rows of the range from this thread's row of chunk 0
+  int chunk_rows;
+  int full;  // chunks [0, full) hold all R of this thread's rows
+  __device__ ThreadChunks(const GnArgs& a, int row, int col, int V, int64_t t0, int64_t t1) {
+    const int64_t row_begin = t0 * a.rows_per_tile;
+    const int64_t row_end = min(t1 * a.rows_per_tile, a.s);
+    first = (row_begin + row) * a.c + static_cast<int64_t>(col) * V;
+    cstep = a.chunk_rows * a.c;
+    left = row_end - row_begin - row;
+    chunk_rows = static_cast<int>(a.chunk_rows);
+    full = left <= 0 ? 0 : static_cast<int>(min(left / chunk_rows, static_cast<int64_t>(INT_MAX)));
+  }
+  __device__ int64_t offset(int q) const { return first + q * cstep; }
+  // this thread has row k of chunk q iff k * rows_threads < limit(q)
+  __device__ int limit(int q) const {
+    if (q < full) return chunk_rows;
+    const int64_t l = left - static_cast<int64_t>(q) * chunk_rows;
+    return static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(chunk_rows), l)));
+  }
+};
 
 // ---------------------------------------------------------------- shared-memory layout
 // [slots x chunk][column scratch, float2][per-channel totals, float2][per-channel (weight, bias)]
@@ -169,7 +187,6 @@ struct TaskSmem {
     p += static_cast<int64_t>(width) * 8;
     grp = reinterpret_cast<float2*>(p);
   }
-  __device__ T* slot(int q, int slots) const { return slot0 + (q % slots) * slot_elems; }
 };
 
 // A thread's place in a chunk: one column of V channels, rows `row`, `row + rows_threads`, ... The
@@ -183,21 +200,21 @@ struct TaskLane {
         active(threadIdx.x / a.cols_threads < a.rows_threads) {}
 };
 
-// This thread's elements of a chunk, global memory -> its places in the slot: 16-byte cp.async
-// where the layout allows (V * sizeof(T) == 16), plain loads otherwise.
+// This thread's rows of one chunk, global memory -> its places in the slot (`s`, this thread's place
+// in the slot): 16-byte cp.async where the layout allows (V * sizeof(T) == 16), plain loads
+// otherwise. Unrolled over the R rows with constant strides.
 template <typename T, int V>
-__device__ __forceinline__ void load_chunk(const GnArgs& a, const TaskLane& lane, const T* task_base,
-                                           const Chunk& ch, T* slot) {
-  if (!lane.active) return;
-  const int64_t gstep = static_cast<int64_t>(a.rows_threads) * a.c;
-  const int sstep = a.rows_threads * static_cast<int>(a.window);
-  const T* g = task_base + (ch.row0 + lane.row) * a.c + lane.col * V;
-  T* s = slot + lane.row * static_cast<int>(a.window) + lane.col * V;
-  for (int r = lane.row; r < ch.rows; r += a.rows_threads, g += gstep, s += sstep) {
-    if constexpr (sizeof(T) * V == 16) {
-      cp_async16(s, g);
-    } else {
-      *reinterpret_cast<Pack<T, V>*>(s) = load_pack<T, V>(g);
+__device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int sstep, int rows_threads, int limit) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
+  int r = 0;  // k * rows_threads, stepped (no multiplies per row)
+#pragma unroll
+  for (int k = 0; k < R; ++k, r += rows_threads, g += gstep, s += sstep) {
+    if (r < limit) {
+      if constexpr (sizeof(T) * V == 16) {
+        cp_async16(s, g);
+      } else {
+        *reinterpret_cast<Pack<T, V>*>(s) = load_pack<T, V>(g);
+      }
     }
   }
 }
@@ -224,21 +241,22 @@ __device__ __forceinline__ void load_group_stats(const GnArgs& a, int64_t task, 
 }
 
 // ---------------------------------------------------------------- reductions
-// Per-thread sums of (x - K) and (x - K)^2 over this thread's rows of the chunk, in row order.
+// Per-thread sums of (x - K) and (x - K)^2 over this thread's rows of one chunk, in row order.
 template <typename T, int V>
-__device__ __forceinline__ void accumulate_chunk(const GnArgs& a, const TaskLane& lane, const T* slot, int rows,
-                                                 const float (&shift)[V], float (&s1)[V], float (&s2)[V]) {
-  if (!lane.active) return;
-  const int sstep = a.rows_threads * static_cast<int>(a.window);
-  const T* p = slot + lane.row * static_cast<int>(a.window) + lane.col * V;
-#pragma unroll 4
-  for (int r = lane.row; r < rows; r += a.rows_threads, p += sstep) {
-    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(p);
+__device__ __forceinline__ void accumulate_rows(const T* s, int sstep, int rows_threads, int limit,
+                                                const float (&shift)[V], float (&s1)[V], float (&s2)[V]) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
+  int r = 0;
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const float e = to_float(x.v[v]) - shift[v];
-      s1[v] += e;
-      s2[v] = fmaf(e, e, s2[v]);
+  for (int k = 0; k < R; ++k, r += rows_threads, s += sstep) {
+    if (r < limit) {
+      const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const float e = to_float(x.v[v]) - shift[v];
+        s1[v] += e;
+        s2[v] = fmaf(e, e, s2[v]);
+      }
     }
   }
 }
@@ -357,27 +375,43 @@ __device__ void combine_task(const GnArgs& a, int64_t task) {
 }
 
 // ---------------------------------------------------------------- one member's phases
+// The next slot of a ring of `slots`, forwards and backwards (chunk q lives in slot q % slots).
+__device__ __forceinline__ int next_slot(int i, int slots) { return i + 1 == slots ? 0 : i + 1; }
+__device__ __forceinline__ int prev_slot(int i, int slots) { return i == 0 ? slots - 1 : i - 1; }
+
 // Reduces the tiles [t0, t1) of `task` chunk by chunk through the ring of `slots` chunks (the next
-// slots - 1 chunks are in flight while one is summed) and writes their partials; also loads the
-// task's weight and bias into sm.param. On return the last min(slots, chunks) chunks are in their
-// slots. Returns the number of chunks.
+// slots - 1 chunks are in flight while one is summed) and writes their partials; with
+// `with_params`, also loads the task's weight and bias into sm.param. On return the last
+// min(slots, chunks) chunks are in their slots. Returns the number of chunks.
 template <typename T, int V>
-__device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
+__device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
+                            bool with_params = true) {
   const TaskLane lane(a);
+  const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
   const int64_t tiles = a.tiles_per_task;
   float2* parts = const_cast<float2*>(task_partials(a, task));
   const int cpg = channels_per_group(a);
-  const int slots = a.slots;
-  const int ahead = slots - 1;
-  const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
-  for (int q = 0; q < ahead; ++q) {
-    if (q < chunks) load_chunk<T, V>(a, lane, base, chunk_at(a, t0, q), sm.slot(q, slots));
+  const int slots = a.slots, ahead = slots - 1;
+  const int cpt = chunks_per_tile(a);
+  const int chunks = static_cast<int>(t1 - t0) * cpt;
+  const int rt = a.rows_threads;
+  const int sstep = rt * static_cast<int>(a.window);
+  const int64_t gstep = static_cast<int64_t>(rt) * a.c;
+  T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;  // this thread's place in slot 0
+  int load_q = 0, load_slot = 0;
+  auto issue = [&]() {  // the next chunk in order into its slot, one copy group per call
+    if (load_q < chunks && lane.active) {
+      copy_rows<T, V>(base + tc.offset(load_q), gstep, mine + load_slot * sm.slot_elems, sstep, rt, tc.limit(load_q));
+    }
     cp_async_commit();
-  }
+    ++load_q;
+    load_slot = next_slot(load_slot, slots);
+  };
+  for (int i = 0; i < ahead; ++i) issue();
   // after the copies are in flight: these loads' latency overlaps theirs
-  load_task_params(a, task, sm.param);
+  if (with_params) load_task_params(a, task, sm.param);
   float shift[V], s1[V], s2[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
@@ -386,36 +420,43 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     shift[v] = lane.active ? to_float(base[first]) : 0.f;  // x[n, row 0, group's first channel]
     s1[v] = s2[v] = 0.f;
   }
+  int use_slot = 0, in_tile = 0;
+  int64_t tile = t0;
   for (int q = 0; q < chunks; ++q) {
-    const int next = q + ahead;  // into the slot of chunk q - 1, which this thread has summed
-    if (next < chunks) load_chunk<T, V>(a, lane, base, chunk_at(a, t0, next), sm.slot(next, slots));
-    cp_async_commit();
+    issue();  // chunk q + ahead, into the slot of chunk q - 1, which this thread has summed
     cp_async_wait(ahead);
-    const Chunk ch = chunk_at(a, t0, q);
-    accumulate_chunk<T, V>(a, lane, sm.slot(q, slots), ch.rows, shift, s1, s2);
-    if (ch.last_of_tile) finish_tile<T, V>(a, lane, sm, s1, s2, parts + ch.tile, tiles);
+    if (lane.active) accumulate_rows<T, V>(mine + use_slot * sm.slot_elems, sstep, rt, tc.limit(q), shift, s1, s2);
+    use_slot = next_slot(use_slot, slots);
+    if (++in_tile == cpt) {
+      finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);
+      in_tile = 0;
+      ++tile;
+    }
   }
   return chunks;
 }
 
-// y = act((x - mean) * scale + beta) for one thread's rows of a chunk held in shared memory.
+// y = act((x - mean) * scale + beta) for this thread's rows of one chunk held in shared memory.
 // SiLU as z / (1 + exp(-z)) with the fast division: no slow-path branch per element (exp(-z)
 // overflowing to inf gives -0, the limit).
 template <typename T, int V, bool kSilu>
-__device__ __forceinline__ void apply_rows(const T* s, T* y, int row, int rows, int rows_step, int sstep,
-                                           int64_t ystep, const float (&mean)[V], const float (&scale)[V],
-                                           const float (&beta)[V]) {
-#pragma unroll 2
-  for (int r = row; r < rows; r += rows_step, s += sstep, y += ystep) {
-    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
-    Pack<T, V> o;
+__device__ __forceinline__ void apply_rows(const T* s, int sstep, T* y, int64_t ystep, int rows_threads, int limit,
+                                           const float (&mean)[V], const float (&scale)[V], const float (&beta)[V]) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
+  int r = 0;
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
-      float z = fmaf(to_float(x.v[v]) - mean[v], scale[v], beta[v]);
-      if constexpr (kSilu) z = __fdividef(z, 1.f + __expf(-z));
-      o.v[v] = from_float<T>(z);
+  for (int k = 0; k < R; ++k, r += rows_threads, s += sstep, y += ystep) {
+    if (r < limit) {
+      const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
+      Pack<T, V> o;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        float z = fmaf(to_float(x.v[v]) - mean[v], scale[v], beta[v]);
+        if constexpr (kSilu) z = __fdividef(z, 1.f + __expf(-z));
+        o.v[v] = from_float<T>(z);
+      }
+      store_pack_streaming<T, V>(y, o);
     }
-    store_pack_streaming<T, V>(y, o);
   }
 }
 
@@ -427,6 +468,7 @@ template <typename T, int V>
 __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
                             int kept) {
   const TaskLane lane(a);
+  const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
   T* out = static_cast<T*>(a.out) + n * a.s * a.c + c0;
@@ -443,37 +485,42 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   const int slots = a.slots;
   const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
   const int fresh = chunks - kept;  // chunks [0, fresh) are read again
-  int reread = 0;
-  for (int i = 0; i < slots; ++i) {
-    const int q = chunks - 1 - i;
+  const int rt = a.rows_threads;
+  const int sstep = rt * static_cast<int>(a.window);
+  const int64_t gstep = static_cast<int64_t>(rt) * a.c;
+  T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
+  auto reread_into = [&](int q, int slot) {  // chunk q (if it is read again) into `slot`
     if (q >= 0 && q < fresh) {
-      load_chunk<T, V>(a, lane, base, chunk_at(a, t0, q), sm.slot(q, slots));
-      ++reread;
+      if (lane.active) copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q));
+      return 1;
     }
+    return 0;
+  };
+  const int last_slot = chunks > 0 ? (chunks - 1) % slots : 0;
+  int reread = 0;
+  for (int i = 0, slot = last_slot; i < slots; ++i, slot = prev_slot(slot, slots)) {
+    reread += reread_into(chunks - 1 - i, slot);
     cp_async_commit();
   }
-  const int64_t ystep = static_cast<int64_t>(a.rows_threads) * a.c;
-  const int sstep = a.rows_threads * static_cast<int>(a.window);
+  int use_slot = last_slot;
   for (int q = chunks - 1; q >= 0; --q) {
     cp_async_wait(slots - 1);
-    const Chunk ch = chunk_at(a, t0, q);
     if (lane.active) {
-      const T* s = sm.slot(q, slots) + lane.row * static_cast<int>(a.window) + lane.col * V;
-      T* y = out + (ch.row0 + lane.row) * a.c + lane.col * V;
+      const T* s = mine + use_slot * sm.slot_elems;
+      T* y = out + tc.offset(q);
+      const int limit = tc.limit(q);
       // the activation is chosen once per chunk, so the row loop has no branches
       if (a.act == 1) {
-        apply_rows<T, V, true>(s, y, lane.row, ch.rows, a.rows_threads, sstep, ystep, mean, scale, beta);
+        apply_rows<T, V, true>(s, sstep, y, gstep, rt, limit, mean, scale, beta);
       } else {
-        apply_rows<T, V, false>(s, y, lane.row, ch.rows, a.rows_threads, sstep, ystep, mean, scale, beta);
+        apply_rows<T, V, false>(s, sstep, y, gstep, rt, limit, mean, scale, beta);
       }
     }
-    // This thread's elements of slot q are consumed (the stores above used them): refill it.
-    const int older = q - slots;
-    if (older >= 0 && older < fresh) {
-      load_chunk<T, V>(a, lane, base, chunk_at(a, t0, older), sm.slot(older, slots));
-      ++reread;
-    }
+    // This thread's elements of this slot are consumed (the stores above used them): refill it
+    // with chunk q - slots, which lives in the same slot.
+    reread += reread_into(q - slots, use_slot);
     cp_async_commit();
+    use_slot = prev_slot(use_slot, slots);
   }
   __syncthreads();  // sm.grp and sm.param are rewritten for the next task
   return reread;

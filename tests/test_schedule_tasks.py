@@ -121,7 +121,8 @@ def test_plans_grid_and_workspace() -> None:
     capped = schedule.make_task_plan(t, 1, 6, residency=264, cap=7)
     assert capped.grid <= 7 and capped.overflow_tiles == t.tiles - capped.grid
     two = schedule.make_task_plan(t, 2, 6, residency=264)
-    assert two.grid == t.tiles and two.teams is None
+    assert two.teams is not None and two.grid == two.teams.teams * two.teams.team_size <= 264
+    assert two.teams.overflow_chunks == 0 and two.slots == 6
     assert one.workspace_floats == {"partials": 2 * t.tasks * t.groups_per_window * t.tiles_per_task}
     assert one.sync_words == 2 + 2 * t.tasks
     with pytest.raises(ValueError):

@@ -364,10 +364,13 @@ def elements(shape: tuple[int, ...]) -> int:
 #: A window's row segment is read as whole 128-byte lines (H200: 4.19 TB/s at 128 B per row
 #: against 3.6 TB/s at 64 B), so windows are lcm(channels per group, 128 B / itemsize) channels.
 WINDOW_BYTES = 128
-#: Bytes of one shared-memory chunk; a tile (the reduction unit) is one or more whole chunks, as
+#: Rows of a shared-memory chunk per thread (csrc kChunkRowsPerThread, a compile-time bound there so
+#: the row loops unroll): 4 rows of 16-byte vectors (16 KB chunks when the window's columns divide
+#: the block), 16 on the scalar path. A tile (the reduction unit) is one or more whole chunks, as
 #: many as keep a task within MAX_TILES_PER_TASK tiles, which bounds the combine (it reads tiles x
 #: groups partials).
-CHUNK_BYTES = 16 * 1024
+CHUNK_ROWS_PER_THREAD_VECTOR = 4
+CHUNK_ROWS_PER_THREAD_SCALAR = 16
 MAX_TILES_PER_TASK = 256
 #: Most chunks a block holds (csrc kMaxSlots: the copy pipeline waits with immediates 0..7).
 MAX_SLOTS = 8
@@ -376,6 +379,8 @@ MAX_SLOTS = 8
 TASK_BLOCKS_PER_SM = 2
 #: Per-round overhead of a one-pass team (barrier, combine), in chunk-equivalents of time.
 ROUND_OVERHEAD_CHUNKS = 1
+#: Slots `choose_teams` assumes for the two-pass schedule, whose members keep nothing on chip.
+TWO_PASS_NO_OVERFLOW = 1 << 30
 
 
 def _lcm(a: int, b: int) -> int:
@@ -436,6 +441,11 @@ class TaskTiling:
         return _round_up(self.chunk_rows * self.row_bytes, 16)
 
 
+def chunk_rows_per_thread(vec: int, itemsize: int) -> int:
+    """Rows of a chunk per thread: CHUNK_ROWS_PER_THREAD_VECTOR for 16-byte accesses, else _SCALAR."""
+    return CHUNK_ROWS_PER_THREAD_VECTOR if vec * itemsize == VEC_BYTES else CHUNK_ROWS_PER_THREAD_SCALAR
+
+
 def task_tiling(
     channels: int,
     groups: int,
@@ -461,10 +471,9 @@ def task_tiling(
     if cols > THREADS:
         return None
     rows_threads = THREADS // cols
-    row_bytes = window * itemsize
     # Chunks are whole rows-thread strides (a thread keeps its rows across chunks); tiles are
     # whole chunks, at least one, and as many as keep a task within MAX_TILES_PER_TASK tiles.
-    chunk_rows = max(rows_threads, CHUNK_BYTES // row_bytes // rows_threads * rows_threads)
+    chunk_rows = chunk_rows_per_thread(vec, itemsize) * rows_threads
     chunk_rows = min(chunk_rows, _round_up(rows, rows_threads))
     rows_per_tile = max(chunk_rows, _round_up(-(-rows // MAX_TILES_PER_TASK), chunk_rows))
     rows_per_tile = min(rows_per_tile, rows)
@@ -565,8 +574,8 @@ class TaskPlan:
     slots: int
     residency: int  # co-resident one-pass blocks on the device (0: one-pass impossible)
     cap: int | None
-    grid: int  # blocks launched (one-pass: teams x team size; two-pass: tiles)
-    teams: TaskTeams | None  # one-pass only
+    grid: int  # blocks launched: teams x team size
+    teams: TaskTeams | None  # the persistent teams of both schedules
     workspace_floats: dict[str, int] = field(default_factory=dict)
     arch: int = 2
 
@@ -591,7 +600,7 @@ class TaskPlan:
     def reread_tiles(self) -> int:
         """Tiles the one-pass kernel reads twice (a member's chunks beyond its slots: the task
         architecture's real overflow); the two-pass kernels read every tile twice by design, 0."""
-        if self.teams is None:
+        if self.schedule == 2 or self.teams is None:
             return 0
         t, m = self.tiling, self.teams.team_size
         per_task = 0
@@ -641,17 +650,16 @@ def make_task_plan(
     if not 1 <= slots <= MAX_SLOTS:
         raise ValueError(f"slots must be in 1..{MAX_SLOTS}, got {slots}")
     partials = 2 * t.tasks * t.groups_per_window * t.tiles_per_task
-    if schedule == 2:  # a two-pass block holds one tile: no more slots than its chunks (more blocks per SM)
-        slots = min(slots, t.chunks_per_tile)
-    teams = None
     if schedule == 1:
         blocks = residency if cap is None else min(residency, cap)
         if blocks < 1:
             raise ValueError("the one-pass schedule needs at least one resident block")
         teams = choose_teams(t, blocks, slots)
-        grid = teams.teams * teams.team_size
     else:
-        grid = t.tiles
+        # the same persistent teams, one wave of blocks; nobody waits, so no cap applies and
+        # nothing is kept on chip (every chunk is read twice by design: no overflow to weigh)
+        teams = choose_teams(t, max(1, residency), TWO_PASS_NO_OVERFLOW)
+    grid = teams.teams * teams.team_size
     return TaskPlan(
         tiling=t,
         schedule=schedule,
