@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
 # Nsight Compute on the task forward kernels (GN_ARCH=tasks), the shapes of scripts/profile_tasks.py:
 # one report, its per-kernel details as CSV, and the SASS lines with the most warp stalls per kernel.
-#   bash scripts/ncu_tasks.sh OUTDIR
+#   bash scripts/ncu_tasks.sh OUTDIR [--light]     (--light: no per-instruction source counters)
 set -uo pipefail
-out=${1:?usage: ncu_tasks.sh OUTDIR}
+out=${1:?usage: ncu_tasks.sh OUTDIR [--light]}
+light=${2:-}
 mkdir -p "$out"
 export GN_ARCH=tasks PYTHONUNBUFFERED=1
 sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats
-  --section WarpStateStats --section SchedulerStats --section SourceCounters)
+  --section WarpStateStats --section SchedulerStats --section InstructionStats)
+[ "$light" = "--light" ] || sections+=(--section SourceCounters)
 ncu --clock-control none "${sections[@]}" --import-source yes -k regex:fwd_task -f -o "$out/tasks" \
   python3 scripts/profile_tasks.py --once >"$out/ncu_run.log" 2>&1
 ncu -i "$out/tasks.ncu-rep" --page details --csv >"$out/details.csv" 2>&1
-ncu -i "$out/tasks.ncu-rep" --page source --csv --print-source sass >"$out/source_sass.csv" 2>&1
+[ "$light" = "--light" ] || ncu -i "$out/tasks.ncu-rep" --page source --csv --print-source sass >"$out/source_sass.csv" 2>&1
 python3 - "$out" <<'PY'
 import csv, sys, collections
 out = sys.argv[1]
 rows = list(csv.DictReader(open(f"{out}/details.csv")))
 keep = ("Duration", "DRAM Throughput", "Memory Throughput", "Achieved Occupancy", "Theoretical Occupancy",
         "Registers Per Thread", "Grid Size", "L2 Hit Rate", "Warp Cycles Per Issued Instruction",
-        "Executed Ipc Active", "Dynamic Shared Memory Per Block", "Waves Per SM")
+        "Executed Ipc Active", "Dynamic Shared Memory Per Block", "Waves Per SM", "Issued Warp Per Scheduler",
+        "Executed Instructions")
 per = collections.OrderedDict()
 for r in rows:
     k = (r.get("ID"), r.get("Kernel Name", "")[:60])
@@ -30,6 +33,7 @@ with open(f"{out}/summary.txt", "w") as f:
 print(open(f"{out}/summary.txt").read())
 PY
 head -c 400 "$out/source_sass.csv"; echo
+[ "$light" = "--light" ] && exit 0
 python3 - "$out" <<'PY'
 # the 20 SASS lines with the most stall samples per kernel (the source page lists kernels one after another)
 import csv, sys, io

@@ -159,3 +159,21 @@ def test_bench_plan_cell_prefers_the_task_overflow() -> None:
     assert cell({"schedule": 1, "grid": 264, "overflow_tiles": 16120, "reread_tiles": 0}) == "1p grid 264"
     assert cell({"schedule": 1, "grid": 7, "overflow_tiles": 9, "reread_tiles": 4}) == "1p grid 7 +4 re-read"
     assert cell({"schedule": 1, "grid": 264, "overflow_tiles": 760}) == "1p grid 264 +760 ovf"
+
+
+@pytest.mark.parametrize(
+    ("shape", "groups", "expected"),
+    [
+        ((2, 320, 64 * 64), 32, 1),  # 5 MiB: one round
+        ((1, 512, 128 * 128), 32, 1),  # 16 MiB: one round
+        ((1, 512, 256 * 256), 32, 2),  # 64 MiB: several rounds
+        ((32, 128, 256 * 256), 32, 2),  # 22 rounds
+        ((1, 128, 1024 * 2048), 16, 2),  # overflows
+    ],
+)
+def test_auto_schedule_is_one_pass_only_when_everything_fits_in_one_round(shape, groups, expected) -> None:
+    n, c, s = shape
+    t = schedule.task_tiling(c, groups, s, 2, "fwd", batch=n)
+    slots = schedule.task_slots(t, schedule.task_smem_budget(profiles.get_profile("H200")))
+    assert schedule.choose_task_schedule(t, 264, slots) == expected
+    assert schedule.choose_task_schedule(t, 0, slots) == 2

@@ -565,6 +565,20 @@ def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
     return best[1]
 
 
+def choose_task_schedule(t: TaskTiling, blocks: int, slots: int) -> int:
+    """passes="auto" for the task kernels with `blocks` resident one-pass blocks: one launch when the
+    whole tensor fits on chip at once (one round per team, nothing read twice), else two launches.
+
+    Measured on the H200 (RESULTS.md, commit 7c83c1b): one-pass is 5-20 % faster where it holds
+    everything in one round (16 MiB and below), and 5-36 % slower once a team needs several rounds
+    (their phases do not overlap: 32x128x256x256, 1x512x256x256) or overflows (1x128x1024x2048).
+    """
+    if blocks < 1:
+        return 2
+    teams = choose_teams(t, blocks, slots)
+    return 1 if teams.rounds == 1 and teams.overflow_chunks == 0 else 2
+
+
 @dataclass(frozen=True)
 class TaskPlan:
     """One launch of the task kernels: what `ops` fills GnArgs from and the plugin reads."""
