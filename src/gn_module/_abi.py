@@ -6,6 +6,7 @@ The field order and types must match the C struct exactly; `check_abi` compares 
 from __future__ import annotations
 
 import ctypes
+import struct
 
 MAX_LEVELS = 8
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -79,11 +80,35 @@ class GnArgs(ctypes.Structure):
     ]
 
 
+# The data pointers lead the struct, so a launch packs them in one go in front of the rest of a
+# cached GnArgs (ops.forward_nograd), in this order.
+POINTER_FIELDS = (
+    "x",
+    "dy",
+    "out",
+    "weight",
+    "bias",
+    "mean",
+    "rstd",
+    "workspace",
+    "dweight",
+    "dbias",
+    "record",
+)
+POINTERS = struct.Struct(f"@{len(POINTER_FIELDS)}P")
+POINTERS_SIZE = POINTERS.size
+if [(name, kind, getattr(GnArgs, name).offset) for name, kind in GnArgs._fields_[: len(POINTER_FIELDS)]] != [
+    (name, _p, i * ctypes.sizeof(_p)) for i, name in enumerate(POINTER_FIELDS)
+]:
+    raise RuntimeError("gn_module: GnArgs must start with the pointers of _abi.POINTER_FIELDS")
+
+
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Attach argument and result types to the library's entry points."""
     ip = ctypes.POINTER(ctypes.c_int)
-    lib.gn_forward.argtypes = [ctypes.POINTER(GnArgs), _p]
-    lib.gn_backward.argtypes = [ctypes.POINTER(GnArgs), _p]
+    # (const GnArgs*, cudaStream_t): a ctypes.byref(GnArgs) or GnArgs bytes, and the raw stream.
+    lib.gn_forward.argtypes = [_p, _p]
+    lib.gn_backward.argtypes = [_p, _p]
     lib.gn_onepass_occupancy.argtypes = [ctypes.c_int] * 5 + [ip]
     lib.gn_task_occupancy.argtypes = [ctypes.c_int] * 5 + [ip]
     lib.gn_kernel_attributes.argtypes = [ctypes.c_int] * 4 + [ip, ip, ip]

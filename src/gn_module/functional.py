@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import operator
 import sys
+from types import ModuleType
 from typing import Literal
 
 import torch
@@ -171,6 +172,14 @@ def check_args(
     return groups, eps
 
 
+_FAST_DTYPE_SET = frozenset(FAST_DTYPES)
+_PARAM_TYPES = (torch.Tensor, torch.nn.Parameter)
+# Whether a tensor is on the device our kernels run on (CUDA); one attribute read. The CPU tests and
+# scripts/host_overhead.py --cpu point it at CPU tensors to run the fast route without a GPU.
+_on_device = operator.attrgetter("is_cuda")
+_ops: ModuleType | None = None
+
+
 def channels_last_view(x: torch.Tensor) -> torch.Tensor | None:
     """x viewed as (N, *spatial, C) when that view is dense and contiguous, else None."""
     xp = x.movedim(1, -1)
@@ -211,6 +220,88 @@ def native_group_norm(
     return F.silu(y) if act == "silu" else y
 
 
+def _fast_route(
+    x: object,
+    num_groups: object,
+    weight: object,
+    bias: object,
+    eps: object,
+    act: object,
+    passes: object,
+) -> tuple[int, int] | None:
+    """``(act code, passes code)`` when this is a plain eager call of the CUDA fast path, else None.
+
+    A few attribute reads that accept only calls for which `check_args` raises nothing and returns
+    ``(num_groups, eps)`` unchanged, and `fast_path_reason` returns None: a CUDA tensor x of a fast
+    dtype, non-empty, (N, *spatial, C) dense, with an int num_groups, a float eps, weight and bias
+    None or CUDA tensors of shape (C,) on x's device in x's dtype or float32, and act and passes
+    spelled as documented. Everything else (odd argument types, errors, torch.compile tracing, tensor
+    subclasses) returns None and takes the full checks, which decide as before.
+    """
+    if torch.compiler.is_compiling() or type(x) is not torch.Tensor or not _on_device(x):
+        return None
+    if type(num_groups) is not int or num_groups < 1 or type(eps) is not float:
+        return None
+    if act is None:
+        act_code = 0
+    elif type(act) is str and act == "silu":
+        act_code = 1
+    else:
+        return None
+    if type(passes) is str and passes == "auto":
+        passes_code = 0
+    elif type(passes) is int and (passes == 1 or passes == 2):
+        passes_code = passes
+    else:
+        return None
+    shape = x.shape
+    ndim = len(shape)
+    if ndim < 2:
+        return None
+    channels = shape[1]
+    # shape[0] * C // G == 1 may be torch's "more than 1 value per channel" error: full checks.
+    if channels % num_groups or shape[0] * channels // num_groups == 1 or x.numel() == 0:
+        return None
+    dtype = x.dtype
+    if dtype not in _FAST_DTYPE_SET:
+        return None
+    param_dtype = None
+    if weight is not None:
+        if type(weight) not in _PARAM_TYPES or not _on_device(weight) or weight.shape != (channels,):  # type: ignore[attr-defined]
+            return None
+        if weight.get_device() != x.get_device():  # type: ignore[attr-defined]
+            return None
+        param_dtype = weight.dtype  # type: ignore[attr-defined]
+    if bias is not None:
+        if type(bias) not in _PARAM_TYPES or not _on_device(bias) or bias.shape != (channels,):  # type: ignore[attr-defined]
+            return None
+        if bias.get_device() != x.get_device():  # type: ignore[attr-defined]
+            return None
+        if param_dtype is None:
+            param_dtype = bias.dtype  # type: ignore[attr-defined]
+        elif bias.dtype is not param_dtype:  # type: ignore[attr-defined]
+            return None
+    if param_dtype is not None and param_dtype is not dtype and param_dtype is not torch.float32:
+        return None
+    if ndim == 4:
+        dense = x.is_contiguous(memory_format=torch.channels_last)
+    elif ndim == 5:
+        dense = x.is_contiguous(memory_format=torch.channels_last_3d)
+    else:
+        dense = channels_last_view(x) is not None
+    if not dense:
+        return None
+    return act_code, passes_code
+
+
+def _import_ops() -> ModuleType:
+    global _ops
+    from gn_module import ops
+
+    _ops = ops
+    return ops
+
+
 def group_norm(
     x: torch.Tensor,
     num_groups: int,
@@ -235,6 +326,9 @@ def group_norm(
     `GroupNormError`, `GroupNormTypeError` and `GroupNormDtypeError`, which also subclass the
     ValueError/TypeError raised before.
     """
+    codes = _fast_route(x, num_groups, weight, bias, eps, act, passes)
+    if codes is not None:
+        return (_ops or _import_ops()).group_norm_eager(x, num_groups, weight, bias, eps, *codes)  # type: ignore[arg-type]
     num_groups, eps = check_args(x, num_groups, weight, bias, eps, act, passes)
     if fast_path_reason(x, weight) is not None:
         return native_group_norm(x, num_groups, weight, bias, eps, act)

@@ -11,9 +11,10 @@ import ctypes
 import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from gn_module import _abi, build, schedule
 from gn_module.schedule import KernelResources, Plan, Tiling
@@ -53,19 +54,78 @@ def max_resident_blocks(k: int) -> Iterator[None]:
             _caps.remove(k)
 
 
+def _parse_cap(raw: str | bytes | None) -> int | None:
+    env = _ENV.decodevalue(raw) if type(raw) is bytes else raw
+    if not env:
+        return None
+    try:
+        value = int(env)
+    except ValueError:
+        raise ValueError(f"{ENV_CAP} must be an integer >= 1, got {env!r}") from None
+    if value < 1:
+        raise ValueError(f"{ENV_CAP} must be an integer >= 1, got {env!r}")
+    return value
+
+
+def _parse_arch(raw: str | bytes | None) -> str:
+    env = _ENV.decodevalue(raw) if type(raw) is bytes else raw
+    arch = (env if env is not None else "tiles").strip() or "tiles"
+    if arch not in ARCHS:
+        raise ValueError(f"{ENV_ARCH} must be one of {ARCHS}, got {arch!r}")
+    return arch
+
+
+# The two environment variables are read on every call (a test may set them between two calls) but
+# parsed once per raw value. os.environ.get decodes on each read (about 0.7 us), so the process
+# environment's raw mapping (what os.environ.get decodes) is read instead; a replaced os.environ
+# (monkeypatch.setattr(os, "environ", ...)) is read through its own get.
+_ENV = os.environ
+_ENV_DATA: dict | None = getattr(_ENV, "_data", None)
+_RAW_CAP, _RAW_ARCH = (
+    (_ENV.encodekey(ENV_CAP), _ENV.encodekey(ENV_ARCH)) if _ENV_DATA is not None else ("", "")
+)
+_cap_values: dict = {}
+_arch_values: dict = {}
+
+
+def _raw_settings() -> tuple[str | bytes | None, str | bytes | None]:
+    env = os.environ
+    if env is _ENV and _ENV_DATA is not None:
+        return _ENV_DATA.get(_RAW_CAP), _ENV_DATA.get(_RAW_ARCH)
+    return env.get(ENV_CAP), env.get(ENV_ARCH)
+
+
+def _parsed(cache: dict, parse: Callable, raw: str | bytes | None) -> object:
+    value = cache.get(raw, cache)
+    if value is cache:
+        value = parse(raw)  # raises for a bad value, which is then not cached
+        if len(cache) > 64:
+            cache.clear()
+        cache[raw] = value
+    return value
+
+
+def _with_caps(env_cap: int | None) -> int | None:
+    if _caps:
+        cap = min(_caps)
+        return cap if env_cap is None or cap < env_cap else env_cap
+    return env_cap
+
+
 def current_cap() -> int | None:
     """The tightest residency cap in force (context managers and GN_MAX_RESIDENT_BLOCKS)."""
-    caps = list(_caps)
-    env = os.environ.get(ENV_CAP)
-    if env:
-        try:
-            value = int(env)
-        except ValueError:
-            raise ValueError(f"{ENV_CAP} must be an integer >= 1, got {env!r}") from None
-        if value < 1:
-            raise ValueError(f"{ENV_CAP} must be an integer >= 1, got {env!r}")
-        caps.append(value)
-    return min(caps) if caps else None
+    return _with_caps(_parsed(_cap_values, _parse_cap, _raw_settings()[0]))  # type: ignore[arg-type]
+
+
+def _settings() -> tuple[int | None, str]:
+    """(current_cap(), current_arch()) from one read of the environment; the cap first, so with both
+    variables wrong the cap's error comes first, as when the two were called in turn."""
+    raw_cap, raw_arch = _raw_settings()
+    cap = _cap_values.get(raw_cap, _cap_values)
+    if cap is _cap_values:
+        cap = _parsed(_cap_values, _parse_cap, raw_cap)
+    arch = _arch_values.get(raw_arch) or _parsed(_arch_values, _parse_arch, raw_arch)
+    return _with_caps(cap), arch  # type: ignore[arg-type,return-value]
 
 
 @contextlib.contextmanager
@@ -87,10 +147,7 @@ def current_variant() -> str | None:
 
 def current_arch() -> str:
     """The forward kernel architecture in force (GN_ARCH; default "tiles")."""
-    arch = os.environ.get(ENV_ARCH, "tiles").strip() or "tiles"
-    if arch not in ARCHS:
-        raise ValueError(f"{ENV_ARCH} must be one of {ARCHS}, got {arch!r}")
-    return arch
+    return _parsed(_arch_values, _parse_arch, _raw_settings()[1])  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
@@ -418,27 +475,73 @@ def _sync_buffer(device: torch.device, stream: int, words: int) -> torch.Tensor:
     return buf
 
 
-@functools.lru_cache(maxsize=4096)
-def _launch_template(
-    shape: tuple[int, ...],
-    num_groups: int,
-    dtype: torch.dtype,
+class _Launch:
+    """What one call signature launches, computed once: the plan, the pointer-free GnArgs bytes, the
+    library entry, and the layout of the forward's single scratch allocation (see `forward_nograd`)."""
+
+    __slots__ = ("args", "entry", "lib", "plan", "scratch_floats", "stats_offsets", "sync_words", "tail")
+
+    def __init__(self, p: Plan | schedule.TaskPlan, args: bytes, lib: ctypes.CDLL, direction: str) -> None:
+        self.plan, self.args, self.lib = p, args, lib
+        self.entry = lib.gn_forward if direction == "fwd" else lib.gn_backward
+        self.tail = args[_abi.POINTERS_SIZE :]  # what follows the data pointers
+        self.sync_words = p.sync_words if isinstance(p, schedule.TaskPlan) else 0
+        # Workspace first (the allocator's alignment), then mean and rstd, each 256-byte aligned.
+        ws = _round_up(max(1, sum(p.workspace_floats.values())), 64)
+        stats = p.batch * p.tiling.groups
+        self.stats_offsets = (4 * ws, 4 * (ws + _round_up(stats, 64)))
+        self.scratch_floats = ws + _round_up(stats, 64) + stats
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+# One _Launch per call signature: everything `plan` and `_args` read is in the key (shape, dtype,
+# groups, eps, act, passes, parameter dtype, device, 16-byte alignment, the cap, build variant and
+# GN_ARCH in force), so a cap set by max_resident_blocks or an env var changed between two calls
+# takes effect on the next call.
+_launches: dict[tuple, _Launch] = {}
+_MAX_LAUNCHES = 4096
+
+
+def _launch(
     direction: str,
-    passes: int,
+    x: torch.Tensor,
     index: int,
     aligned: bool,
-    cap: int | None,
-    variant: str | None,
+    num_groups: int,
     eps: float,
     act: int,
-    param_dtype: torch.dtype | None,
-    arch: str = "tiles",
-) -> tuple[Plan, bytes]:
-    """Plan and the pointer-free part of GnArgs for one call signature (cached: the hot path
-    only copies the template and fills in data pointers). `arch` (current_arch(), which `plan`
-    reads) is part of the cache key only."""
+    passes: int,
+    param: torch.Tensor | None,
+) -> _Launch:
+    cap, arch = _settings()
+    key = (
+        direction,
+        x.shape,
+        x.dtype,
+        index,
+        aligned,
+        num_groups,
+        eps,
+        act,
+        passes,
+        None if param is None else param.dtype,
+        cap,
+        _variants[-1] if _variants else None,
+        arch,
+    )
+    launch = _launches.get(key)
+    if launch is None:
+        launch = _new_launch(key)
+    return launch
+
+
+def _new_launch(key: tuple) -> _Launch:
+    direction, shape, dtype, index, aligned, num_groups, eps, act, passes, param_dtype, cap, variant, _ = key
     p = plan(
-        shape,
+        tuple(shape),
         num_groups,
         dtype,
         direction,
@@ -449,7 +552,12 @@ def _launch_template(
     )
     if p.tiles >= 2**31:
         raise RuntimeError(f"gn_module: {p.tiles} tiles exceed the launch limit of 2**31 - 1 blocks")
-    return p, bytes(_args(p, dtype, eps, _ACTS[act], param_dtype, index))
+    args = bytes(_args(p, dtype, eps, _ACTS[act], param_dtype, index))
+    launch = _Launch(p, args, library(index, variant), direction)
+    if len(_launches) >= _MAX_LAUNCHES:
+        _launches.clear()
+    _launches[key] = launch
+    return launch
 
 
 def _prepare(
@@ -463,37 +571,30 @@ def _prepare(
     *others: torch.Tensor,
 ) -> tuple[Plan, _abi.GnArgs]:
     aligned = all(t.data_ptr() % schedule.VEC_BYTES == 0 for t in (x, *others))
-    p, raw = _launch_template(
-        tuple(x.shape),
-        num_groups,
-        x.dtype,
-        direction,
-        passes,
-        x.device.index,
-        aligned,
-        current_cap(),
-        current_variant(),
-        eps,
-        act,
-        None if param is None else param.dtype,
-        current_arch(),
-    )
-    return p, _abi.GnArgs.from_buffer_copy(raw)
+    launch = _launch(direction, x, x.get_device(), aligned, num_groups, eps, act, passes, param)
+    return launch.plan, _abi.GnArgs.from_buffer_copy(launch.args)
+
+
+# The raw cudaStream_t of the device's current stream: what torch.cuda.current_stream(i).cuda_stream
+# returns, without building a Stream object (a few microseconds per call).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream
+)
 
 
 def _run(direction: str, p: Plan, a: _abi.GnArgs, x: torch.Tensor) -> None:
-    index = x.device.index
+    index = x.get_device()
     lib = library(index, current_variant())
     records = list(_records)
     rec_tensor = torch.zeros(4, dtype=torch.int32, device=x.device) if records else None
     a.record = _ptr(rec_tensor)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
+    stream = _raw_stream(index)
     if isinstance(p, schedule.TaskPlan):
         a.sync = _sync_buffer(x.device, stream, p.sync_words).data_ptr()
         if _traces and _traces[-1].shape[0] >= p.grid:
             a.trace = _traces[-1].data_ptr()
     fn = lib.gn_forward if direction == "fwd" else lib.gn_backward
-    _check(lib, fn(ctypes.byref(a), ctypes.c_void_p(stream)), f"GroupNorm {direction} launch")
+    _check(lib, fn(ctypes.byref(a), stream), f"GroupNorm {direction} launch")
     if rec_tensor is not None:
         grid, phase1, applied, reread = rec_tensor.tolist()
         entry = {
@@ -534,6 +635,58 @@ def forward(
     a.mean, a.rstd, a.workspace = mean.data_ptr(), rstd.data_ptr(), ws.data_ptr()
     _run("fwd", p, a, x)
     return y, mean, rstd
+
+
+def forward_nograd(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+) -> torch.Tensor:
+    """`forward`'s y with less host work, for calls whose mean and rstd nobody keeps (no autograd).
+
+    The same launch (plan, GnArgs fields, kernels, stream) with two allocations instead of four:
+    workspace, mean and rstd share one float32 buffer. GnArgs is the cached template bytes with the
+    data pointers packed in front. Launch records, poisoning and phase traces take `forward`.
+    """
+    if _records or _poison or _traces:
+        return forward(x, weight, bias, num_groups, eps, act, passes)[0]
+    ptr = x.data_ptr()
+    index = x.get_device()
+    param = weight if weight is not None else bias
+    launch = _launch("fwd", x, index, ptr % schedule.VEC_BYTES == 0, num_groups, eps, act, passes, param)
+    y = torch.empty_like(x)
+    scratch = torch.empty(launch.scratch_floats, dtype=torch.float32, device=x.device)
+    ws = scratch.data_ptr()
+    mean, rstd = launch.stats_offsets
+    args = (
+        _abi.POINTERS.pack(
+            ptr,
+            0,
+            y.data_ptr(),
+            0 if weight is None else weight.data_ptr(),
+            0 if bias is None else bias.data_ptr(),
+            ws + mean,
+            ws + rstd,
+            ws,
+            0,
+            0,
+            0,
+        )
+        + launch.tail
+    )
+    stream = _raw_stream(index)
+    if launch.sync_words:
+        a = _abi.GnArgs.from_buffer_copy(args)
+        a.sync = _sync_buffer(x.device, stream, launch.sync_words).data_ptr()
+        args = ctypes.byref(a)  # type: ignore[assignment]
+    code = launch.entry(args, stream)
+    if code:
+        _check(launch.lib, code, "GroupNorm fwd launch")
+    return y
 
 
 def backward(
@@ -670,6 +823,44 @@ class _EagerGroupNorm(torch.autograd.Function):
         )
 
 
+def _needs_autograd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+    """Whether a call must go through `_EagerGroupNorm` (autograd.Function) rather than
+    `forward_nograd`: a gradient may be needed, a forward-mode AD level is open (the Function then
+    raises that it has no jvp, as before), or a functorch transform is active or x is one of its
+    wrappers (the Function unwraps or refuses those)."""
+    if torch.is_grad_enabled() and (
+        x.requires_grad
+        or (weight is not None and weight.requires_grad)
+        or (bias is not None and bias.requires_grad)
+    ):
+        return True
+    return (
+        _forward_ad._current_level >= 0
+        or torch._C._are_functorch_transforms_active()
+        or _is_functorch_wrapped(x)
+    )
+
+
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def group_norm_eager(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    act: int,
+    passes: int,
+) -> torch.Tensor:
+    """Eager mode, arguments already checked (`act` and `passes` as their int codes): the
+    autograd.Function when autograd needs it, else the kernels directly (the Function's own cost,
+    about 6 us, buys nothing without a graph: the result is the same tensor with no grad_fn)."""
+    if _needs_autograd(x, weight, bias):
+        return _EagerGroupNorm.apply(x, weight, bias, num_groups, eps, act, passes)
+    return forward_nograd(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
+
+
 def group_norm_cuda(
     x: torch.Tensor,
     num_groups: int,
@@ -680,8 +871,8 @@ def group_norm_cuda(
     passes: object,
 ) -> torch.Tensor:
     """Our kernels on a CUDA (N, *spatial, C) tensor: the custom op when torch.compile traces
-    (no graph break), a plain autograd.Function in eager mode (lower host overhead)."""
+    (no graph break), else `group_norm_eager` (lower host overhead)."""
     if torch.compiler.is_compiling():
         y, _, _ = group_norm_fwd(x, weight, bias, num_groups, eps, _ACT_IDS[act], _PASSES[passes])
         return y
-    return _EagerGroupNorm.apply(x, weight, bias, num_groups, eps, _ACT_IDS[act], _PASSES[passes])
+    return group_norm_eager(x, num_groups, weight, bias, eps, _ACT_IDS[act], _PASSES[passes])
