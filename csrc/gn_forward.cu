@@ -96,7 +96,9 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
         });
         __syncthreads();
         if (threadIdx.x == 0) store_release(flags(a, task), target);  // after the barrier: covers all threads' writes
+        load_task_params(a, task, sm.param);  // (needed only by the apply: off the stats' critical path)
       } else {
+        load_task_params(a, task, sm.param);  // while the last member combines
         if (threadIdx.x == 0) {
           while (load_acquire(flags(a, task)) != target) __nanosleep(32);
         }
@@ -133,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
     const int64_t t0 = member * a.tiles_per_task / a.team_size;
     const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
     for (int64_t task = team; task < task_count(a); task += a.teams) {
-      member_stats<T, V>(a, task, t0, t1, sm, /*with_params=*/false);
+      member_stats<T, V>(a, task, t0, t1, sm);
       if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) combine_task<T>(a, task);
       tiles_done += t1 - t0;
     }
@@ -143,6 +145,11 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
 
+// GN_TASK_APPLY_STAGED=1 (an A/B switch while measuring): read through the shared-memory chunk ring
+// (cp.async, slots - 1 chunks in flight) instead of registers (launched with slots = 0).
+#ifndef GN_TASK_APPLY_STAGED
+#define GN_TASK_APPLY_STAGED 0
+#endif
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
@@ -157,8 +164,13 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
       load_task_params(a, task, sm.param);
       load_group_stats(a, task, sm.grp);
       __syncthreads();
-      reread += member_apply<T, V>(a, task, t0, t1, sm, 0);
+      if constexpr (GN_TASK_APPLY_STAGED) {
+        reread += member_apply<T, V>(a, task, t0, t1, sm, 0);
+      } else {
+        reread += member_apply_direct<T, V>(a, task, t0, t1, sm.grp, sm.param);
+      }
       tiles_done += t1 - t0;
+      __syncthreads();  // sm.grp and sm.param are rewritten for the next task
     }
   }
   record(a, 2, static_cast<int>(tiles_done));
@@ -181,11 +193,17 @@ int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
     return err != cudaSuccess ? err : cudaGetLastError();
   }
   const unsigned blocks = static_cast<unsigned>(a.grid);
+  // the apply stages nothing: the same layout without chunk slots
+  GnArgs apply = a;
+  if (!GN_TASK_APPLY_STAGED) {
+    apply.slots = 0;
+    apply.smem = a.smem - a.slots * ((a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16);
+  }
   if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_stats<T, V>), a.smem)) != cudaSuccess) return err;
-  if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_apply<T, V>), a.smem)) != cudaSuccess) return err;
+  if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_apply<T, V>), apply.smem)) != cudaSuccess) return err;
   fwd_task_stats<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  fwd_task_apply<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
+  fwd_task_apply<T, V><<<blocks, kThreads, apply.smem, stream>>>(apply);
   return cudaGetLastError();
 }
 

@@ -380,12 +380,10 @@ __device__ __forceinline__ int next_slot(int i, int slots) { return i + 1 == slo
 __device__ __forceinline__ int prev_slot(int i, int slots) { return i == 0 ? slots - 1 : i - 1; }
 
 // Reduces the tiles [t0, t1) of `task` chunk by chunk through the ring of `slots` chunks (the next
-// slots - 1 chunks are in flight while one is summed) and writes their partials; with
-// `with_params`, also loads the task's weight and bias into sm.param. On return the last
+// slots - 1 chunks are in flight while one is summed) and writes their partials. On return the last
 // min(slots, chunks) chunks are in their slots. Returns the number of chunks.
 template <typename T, int V>
-__device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
-                            bool with_params = true) {
+__device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
@@ -409,17 +407,17 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     ++load_q;
     load_slot = next_slot(load_slot, slots);
   };
-  for (int i = 0; i < ahead; ++i) issue();
-  // after the copies are in flight: these loads' latency overlaps theirs
-  if (with_params) load_task_params(a, task, sm.param);
+  // The shifts first (x[n, row 0, group's first channel]): issued ahead of the chunk copies, they
+  // return before the first chunk instead of queueing behind all of them.
   float shift[V], s1[V], s2[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int cl = lane.col * V + v;
     const int first = cl < a.window ? cl / cpg * cpg : 0;
-    shift[v] = lane.active ? to_float(base[first]) : 0.f;  // x[n, row 0, group's first channel]
+    shift[v] = lane.active ? to_float(base[first]) : 0.f;
     s1[v] = s2[v] = 0.f;
   }
+  for (int i = 0; i < ahead; ++i) issue();
   int use_slot = 0, in_tile = 0;
   int64_t tile = t0;
   for (int q = 0; q < chunks; ++q) {
@@ -436,12 +434,29 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   return chunks;
 }
 
+// The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory.
+template <int V>
+struct ApplyCoefs {
+  float mean[V], scale[V], beta[V];
+  __device__ ApplyCoefs(const GnArgs& a, const float2* grp, const float2* param, int col) {
+    const int cpg = channels_per_group(a);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int cl = min(col * V + v, static_cast<int>(a.window) - 1);
+      const float2 st = grp[cl / cpg], pr = param[cl];
+      mean[v] = st.x;
+      scale[v] = st.y * pr.x;
+      beta[v] = pr.y;
+    }
+  }
+};
+
 // y = act((x - mean) * scale + beta) for this thread's rows of one chunk held in shared memory.
 // SiLU as z / (1 + exp(-z)) with the fast division: no slow-path branch per element (exp(-z)
 // overflowing to inf gives -0, the limit).
 template <typename T, int V, bool kSilu>
 __device__ __forceinline__ void apply_rows(const T* s, int sstep, T* y, int64_t ystep, int rows_threads, int limit,
-                                           const float (&mean)[V], const float (&scale)[V], const float (&beta)[V]) {
+                                           const ApplyCoefs<V>& k_) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
 #pragma unroll
@@ -451,13 +466,79 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, T* y, int64_t 
       Pack<T, V> o;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        float z = fmaf(to_float(x.v[v]) - mean[v], scale[v], beta[v]);
+        float z = fmaf(to_float(x.v[v]) - k_.mean[v], k_.scale[v], k_.beta[v]);
         if constexpr (kSilu) z = __fdividef(z, 1.f + __expf(-z));
         o.v[v] = from_float<T>(z);
       }
       store_pack_streaming<T, V>(y, o);
     }
   }
+}
+
+// This thread's rows of one chunk, global memory -> registers (`R` 16-byte or scalar packs).
+template <typename T, int V>
+__device__ __forceinline__ void load_rows(const T* g, int64_t gstep, int rows_threads, int limit,
+                                          Pack<T, V> (&buf)[kChunkRowsPerThread<T, V>]) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
+  int r = 0;
+#pragma unroll
+  for (int k = 0; k < R; ++k, r += rows_threads, g += gstep) {
+    if (r < limit) buf[k] = load_pack<T, V>(g);
+  }
+}
+
+template <typename T, int V, bool kSilu>
+__device__ __forceinline__ void apply_regs(const Pack<T, V> (&buf)[kChunkRowsPerThread<T, V>], T* y, int64_t ystep,
+                                           int rows_threads, int limit, const ApplyCoefs<V>& k_) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
+  int r = 0;
+#pragma unroll
+  for (int k = 0; k < R; ++k, r += rows_threads, y += ystep) {
+    if (r < limit) {
+      Pack<T, V> o;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        float z = fmaf(to_float(buf[k].v[v]) - k_.mean[v], k_.scale[v], k_.beta[v]);
+        if constexpr (kSilu) z = __fdividef(z, 1.f + __expf(-z));
+        o.v[v] = from_float<T>(z);
+      }
+      store_pack_streaming<T, V>(y, o);
+    }
+  }
+}
+
+// The two-pass apply of the tiles [t0, t1) of `task`: nothing is kept, so no shared-memory staging;
+// each thread loads its rows of the chunk before the one it writes (registers, two chunks in
+// flight), chunks in reverse order. Statistics and parameters in grp / param (visible).
+// Returns the number of chunks read.
+template <typename T, int V>
+__device__ int member_apply_direct(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const float2* grp,
+                                   const float2* param) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
+  const TaskLane lane(a);
+  const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
+  if (!lane.active || chunks == 0) return chunks;
+  const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
+  const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
+  const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
+  T* out = static_cast<T*>(a.out) + n * a.s * a.c + c0;
+  const ApplyCoefs<V> coefs(a, grp, param, lane.col);
+  const int rt = a.rows_threads;
+  const int64_t gstep = static_cast<int64_t>(rt) * a.c;
+  Pack<T, V> cur[R];
+  load_rows<T, V>(base + tc.offset(chunks - 1), gstep, rt, tc.limit(chunks - 1), cur);
+  for (int q = chunks - 1; q >= 0; --q) {
+    Pack<T, V> next[R];
+    if (q >= 1) load_rows<T, V>(base + tc.offset(q - 1), gstep, rt, tc.limit(q - 1), next);  // in flight meanwhile
+    if (a.act == 1) {
+      apply_regs<T, V, true>(cur, out + tc.offset(q), gstep, rt, tc.limit(q), coefs);
+    } else {
+      apply_regs<T, V, false>(cur, out + tc.offset(q), gstep, rt, tc.limit(q), coefs);
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) cur[k] = next[k];
+  }
+  return chunks;
 }
 
 // Writes y for the tiles [t0, t1) of `task`, chunks in reverse order, with the group statistics in
@@ -472,16 +553,7 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
   T* out = static_cast<T*>(a.out) + n * a.s * a.c + c0;
-  const int cpg = channels_per_group(a);
-  float mean[V], scale[V], beta[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    const int cl = min(lane.col * V + v, static_cast<int>(a.window) - 1);
-    const float2 st = sm.grp[cl / cpg], pr = sm.param[cl];
-    mean[v] = st.x;
-    scale[v] = st.y * pr.x;
-    beta[v] = pr.y;
-  }
+  const ApplyCoefs<V> coefs(a, sm.grp, sm.param, lane.col);
   const int slots = a.slots;
   const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
   const int fresh = chunks - kept;  // chunks [0, fresh) are read again
@@ -511,9 +583,9 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
       const int limit = tc.limit(q);
       // the activation is chosen once per chunk, so the row loop has no branches
       if (a.act == 1) {
-        apply_rows<T, V, true>(s, sstep, y, gstep, rt, limit, mean, scale, beta);
+        apply_rows<T, V, true>(s, sstep, y, gstep, rt, limit, coefs);
       } else {
-        apply_rows<T, V, false>(s, sstep, y, gstep, rt, limit, mean, scale, beta);
+        apply_rows<T, V, false>(s, sstep, y, gstep, rt, limit, coefs);
       }
     }
     // This thread's elements of this slot are consumed (the stores above used them): refill it

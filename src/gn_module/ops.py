@@ -356,11 +356,7 @@ def task_plan(
     cap = current_cap() if cap is None else cap
     chosen = schedule_
     if chosen == "auto":
-        if residency < 1:
-            chosen = 2
-        else:
-            teams = schedule.choose_teams(t, residency if cap is None else min(residency, cap), slots)
-            chosen = 1 if teams.overflow_chunks == 0 else 2
+        chosen = schedule.choose_task_schedule(t, residency if cap is None else min(residency, cap), slots)
     chosen = int(chosen)
     if chosen == 1 and residency < 1:
         raise RuntimeError(f"gn_module: the one-pass task kernel cannot run C={c} {name} on this device")
