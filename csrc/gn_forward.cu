@@ -83,7 +83,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
       // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived,
       // 3 + 4r statistics in shared memory, 4 + 4r applied
-      const int chunks = member_stats<T, V>(a, task, t0, t1, sm);
+      // a one-round launch also traces inside its stats phase (points 5-8, free without round 1)
+      const int chunks = member_stats<T, V>(a, task, t0, t1, sm, task_count(a) <= a.teams ? 5 : -1);
       trace_point(a, 1 + 4 * round);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       trace_point(a, 2 + 4 * round);
@@ -145,11 +146,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
 
-// GN_TASK_APPLY_STAGED=1 (an A/B switch while measuring): read through the shared-memory chunk ring
-// (cp.async, slots - 1 chunks in flight) instead of registers (launched with slots = 0).
-#ifndef GN_TASK_APPLY_STAGED
-#define GN_TASK_APPLY_STAGED 0
-#endif
+// (Measured, a2351f3: applying from registers instead of the shared-memory ring, with one chunk in
+// flight per thread, was 4-11 % slower on the 64-256 MiB shapes.)
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
@@ -164,13 +162,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
       load_task_params(a, task, sm.param);
       load_group_stats(a, task, sm.grp);
       __syncthreads();
-      if constexpr (GN_TASK_APPLY_STAGED) {
-        reread += member_apply<T, V>(a, task, t0, t1, sm, 0);
-      } else {
-        reread += member_apply_direct<T, V>(a, task, t0, t1, sm.grp, sm.param);
-      }
+      reread += member_apply<T, V>(a, task, t0, t1, sm, 0);
       tiles_done += t1 - t0;
-      __syncthreads();  // sm.grp and sm.param are rewritten for the next task
     }
   }
   record(a, 2, static_cast<int>(tiles_done));
@@ -193,17 +186,11 @@ int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
     return err != cudaSuccess ? err : cudaGetLastError();
   }
   const unsigned blocks = static_cast<unsigned>(a.grid);
-  // the apply stages nothing: the same layout without chunk slots
-  GnArgs apply = a;
-  if (!GN_TASK_APPLY_STAGED) {
-    apply.slots = 0;
-    apply.smem = a.smem - a.slots * ((a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16);
-  }
   if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_stats<T, V>), a.smem)) != cudaSuccess) return err;
-  if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_apply<T, V>), apply.smem)) != cudaSuccess) return err;
+  if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_apply<T, V>), a.smem)) != cudaSuccess) return err;
   fwd_task_stats<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  fwd_task_apply<T, V><<<blocks, kThreads, apply.smem, stream>>>(apply);
+  fwd_task_apply<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -382,8 +382,11 @@ __device__ __forceinline__ int prev_slot(int i, int slots) { return i == 0 ? slo
 // Reduces the tiles [t0, t1) of `task` chunk by chunk through the ring of `slots` chunks (the next
 // slots - 1 chunks are in flight while one is summed) and writes their partials. On return the last
 // min(slots, chunks) chunks are in their slots. Returns the number of chunks.
+// `trace`: the first of 4 trace points (copies issued, first chunk in, first tile done, all
+// done), or -1 for none.
 template <typename T, int V>
-__device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
+__device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
+                            int trace = -1) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
@@ -418,19 +421,23 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     s1[v] = s2[v] = 0.f;
   }
   for (int i = 0; i < ahead; ++i) issue();
+  if (trace >= 0) trace_point(a, trace);
   int use_slot = 0, in_tile = 0;
   int64_t tile = t0;
   for (int q = 0; q < chunks; ++q) {
     issue();  // chunk q + ahead, into the slot of chunk q - 1, which this thread has summed
     cp_async_wait(ahead);
+    if (trace >= 0 && q == 0) trace_point(a, trace + 1);
     if (lane.active) accumulate_rows<T, V>(mine + use_slot * sm.slot_elems, sstep, rt, tc.limit(q), shift, s1, s2);
     use_slot = next_slot(use_slot, slots);
     if (++in_tile == cpt) {
       finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);
+      if (trace >= 0 && tile == t0) trace_point(a, trace + 2);
       in_tile = 0;
       ++tile;
     }
   }
+  if (trace >= 0) trace_point(a, trace + 3);
   return chunks;
 }
 
@@ -473,72 +480,6 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, T* y, int64_t 
       store_pack_streaming<T, V>(y, o);
     }
   }
-}
-
-// This thread's rows of one chunk, global memory -> registers (`R` 16-byte or scalar packs).
-template <typename T, int V>
-__device__ __forceinline__ void load_rows(const T* g, int64_t gstep, int rows_threads, int limit,
-                                          Pack<T, V> (&buf)[kChunkRowsPerThread<T, V>]) {
-  constexpr int R = kChunkRowsPerThread<T, V>;
-  int r = 0;
-#pragma unroll
-  for (int k = 0; k < R; ++k, r += rows_threads, g += gstep) {
-    if (r < limit) buf[k] = load_pack<T, V>(g);
-  }
-}
-
-template <typename T, int V, bool kSilu>
-__device__ __forceinline__ void apply_regs(const Pack<T, V> (&buf)[kChunkRowsPerThread<T, V>], T* y, int64_t ystep,
-                                           int rows_threads, int limit, const ApplyCoefs<V>& k_) {
-  constexpr int R = kChunkRowsPerThread<T, V>;
-  int r = 0;
-#pragma unroll
-  for (int k = 0; k < R; ++k, r += rows_threads, y += ystep) {
-    if (r < limit) {
-      Pack<T, V> o;
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        float z = fmaf(to_float(buf[k].v[v]) - k_.mean[v], k_.scale[v], k_.beta[v]);
-        if constexpr (kSilu) z = __fdividef(z, 1.f + __expf(-z));
-        o.v[v] = from_float<T>(z);
-      }
-      store_pack_streaming<T, V>(y, o);
-    }
-  }
-}
-
-// The two-pass apply of the tiles [t0, t1) of `task`: nothing is kept, so no shared-memory staging;
-// each thread loads its rows of the chunk before the one it writes (registers, two chunks in
-// flight), chunks in reverse order. Statistics and parameters in grp / param (visible).
-// Returns the number of chunks read.
-template <typename T, int V>
-__device__ int member_apply_direct(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const float2* grp,
-                                   const float2* param) {
-  constexpr int R = kChunkRowsPerThread<T, V>;
-  const TaskLane lane(a);
-  const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
-  if (!lane.active || chunks == 0) return chunks;
-  const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
-  const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
-  const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
-  T* out = static_cast<T*>(a.out) + n * a.s * a.c + c0;
-  const ApplyCoefs<V> coefs(a, grp, param, lane.col);
-  const int rt = a.rows_threads;
-  const int64_t gstep = static_cast<int64_t>(rt) * a.c;
-  Pack<T, V> cur[R];
-  load_rows<T, V>(base + tc.offset(chunks - 1), gstep, rt, tc.limit(chunks - 1), cur);
-  for (int q = chunks - 1; q >= 0; --q) {
-    Pack<T, V> next[R];
-    if (q >= 1) load_rows<T, V>(base + tc.offset(q - 1), gstep, rt, tc.limit(q - 1), next);  // in flight meanwhile
-    if (a.act == 1) {
-      apply_regs<T, V, true>(cur, out + tc.offset(q), gstep, rt, tc.limit(q), coefs);
-    } else {
-      apply_regs<T, V, false>(cur, out + tc.offset(q), gstep, rt, tc.limit(q), coefs);
-    }
-#pragma unroll
-    for (int k = 0; k < R; ++k) cur[k] = next[k];
-  }
-  return chunks;
 }
 
 // Writes y for the tiles [t0, t1) of `task`, chunks in reverse order, with the group statistics in

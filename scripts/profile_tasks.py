@@ -14,6 +14,7 @@ os.environ.setdefault("GN_ARCH", "tasks")
 import gn_module
 
 SHAPES = [
+    ((2, 1280, 16, 16), 32, "silu"),
     ((2, 320, 64, 64), 32, "silu"),
     ((1, 512, 128, 128), 32, "silu"),
     ((32, 128, 256, 256), 32, None),
@@ -25,12 +26,12 @@ SHAPES = [
 PHASES = ("stats", "arrive", "wait+stats", "apply")
 
 
-def print_trace(label: str, trace: torch.Tensor, ghz: float) -> None:
+def print_trace(label: str, trace: torch.Tensor, ghz: float, rounds: int) -> None:
     t = trace.cpu()
     reached = t[:, 0] >= 0
     t = t[reached]
     print(f"{label}: {int(reached.sum())} blocks traced (us at {ghz:.2f} GHz: median / max over blocks)")
-    for r in range(3):
+    for r in range(min(3, rounds)):
         prev = t[:, 0] if r == 0 else t[:, 4 * r]
         for k, name in enumerate(PHASES):
             cur = t[:, 1 + 4 * r + k]
@@ -38,6 +39,17 @@ def print_trace(label: str, trace: torch.Tensor, ghz: float) -> None:
             if ok.any():
                 d = (cur[ok] - prev[ok]).double() / (ghz * 1e3)
                 print(f"  round {r} {name:13} {d.median().item():8.2f} / {d.max().item():8.2f}")
+            prev = cur
+    if rounds == 1:  # points 5-8 are inside the stats phase (fwd_task_onepass)
+        print("  inside round 0's stats (one-round launches):")
+        prev = t[:, 0]
+        inside = ((5, "copies issued"), (6, "first chunk in"), (7, "first tile done"), (8, "all tiles"))
+        for point, name in inside:
+            cur = t[:, point]
+            ok = (cur >= 0) & (prev >= 0)
+            if ok.any():
+                d = (cur[ok] - prev[ok]).double() / (ghz * 1e3)
+                print(f"    {name:15} {d.median().item():8.2f} / {d.max().item():8.2f}")
             prev = cur
     end = t[:, 15]
     total = (end - t[:, 0]).double() / (ghz * 1e3)
@@ -64,7 +76,8 @@ def trace_all() -> int:
             with ops.phase_trace(plan.grid) as trace:
                 gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=1)
                 torch.cuda.synchronize()
-        print_trace(f"{'x'.join(map(str, shape))} one-pass grid {plan.grid} {plan.teams}", trace, ghz)
+        label = f"{'x'.join(map(str, shape))} one-pass grid {plan.grid} {plan.teams}"
+        print_trace(label, trace, ghz, plan.teams.rounds)
     return 0
 
 
