@@ -72,7 +72,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
-  const unsigned target = launch_target(a);
+  unsigned target = 0;  // read after the first stats phase: a load here would hold up the first copies
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
@@ -86,6 +86,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
       // a one-round launch also traces inside its stats phase (points 5-8, free without round 1)
       const int chunks = member_stats<T, V>(a, task, t0, t1, sm, task_count(a) <= a.teams ? 5 : -1);
       trace_point(a, 1 + 4 * round);
+      if (round == 0) target = launch_target(a);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       trace_point(a, 2 + 4 * round);
       const int64_t ng0 = task_group0(a, task);

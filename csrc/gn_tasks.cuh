@@ -410,17 +410,23 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     ++load_q;
     load_slot = next_slot(load_slot, slots);
   };
-  // The shifts first (x[n, row 0, group's first channel]): issued ahead of the chunk copies, they
-  // return before the first chunk instead of queueing behind all of them.
-  float shift[V], s1[V], s2[V];
+  // The shifts (x[n, row 0, group's first channel]) are loaded ahead of the chunk copies, so they
+  // return before the first chunk instead of queueing behind all of them, and converted after the
+  // copies are issued (a conversion here would wait for the load and hold the copies up).
+  T raw[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int cl = lane.col * V + v;
     const int first = cl < a.window ? cl / cpg * cpg : 0;
-    shift[v] = lane.active ? to_float(base[first]) : 0.f;
-    s1[v] = s2[v] = 0.f;
+    raw[v] = lane.active ? base[first] : base[0];
   }
   for (int i = 0; i < ahead; ++i) issue();
+  float shift[V], s1[V], s2[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    shift[v] = lane.active ? to_float(raw[v]) : 0.f;
+    s1[v] = s2[v] = 0.f;
+  }
   if (trace >= 0) trace_point(a, trace);
   int use_slot = 0, in_tile = 0;
   int64_t tile = t0;
