@@ -77,8 +77,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
     // schedule.member_tiles: contiguous, balanced, every tile of the task exactly once
-    const int64_t t0 = member * a.tiles_per_task / a.team_size;
-    const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
+    const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     int round = 0;
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
       // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived,
@@ -134,8 +133,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   int64_t tiles_done = 0;
   if (team < a.teams) {
-    const int64_t t0 = member * a.tiles_per_task / a.team_size;
-    const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
+    const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       member_stats<T, V>(a, task, t0, t1, sm);
       if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) combine_task<T>(a, task);
@@ -156,8 +154,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const int64_t tasks = task_count(a);
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams && team < tasks) {
-    const int64_t t0 = member * a.tiles_per_task / a.team_size;
-    const int64_t t1 = (member + 1) * a.tiles_per_task / a.team_size;
+    const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task
     for (int64_t task = last; task >= team; task -= a.teams) {
       load_task_params(a, task, sm.param);

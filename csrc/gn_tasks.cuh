@@ -111,14 +111,28 @@ __device__ __forceinline__ void trace_point(const GnArgs& a, int point) {
 }
 
 // ---------------------------------------------------------------- task geometry
-__device__ __forceinline__ int64_t task_count(const GnArgs& a) { return a.n * (a.c / a.window); }
-__device__ __forceinline__ int64_t task_sample(const GnArgs& a, int64_t task) { return task / (a.c / a.window); }
-__device__ __forceinline__ int64_t task_c0(const GnArgs& a, int64_t task) {
-  return (task % (a.c / a.window)) * a.window;
+// 32-bit divisions only: a 64-bit one is a long dependent call, and a block's prologue had several
+// of them before its first copy (schedule.task_tiling keeps tasks, tiles and rows per tile below
+// 2**31, so these fit).
+__device__ __forceinline__ int windows_per_sample(const GnArgs& a) {
+  return static_cast<int>(a.c) / static_cast<int>(a.window);
 }
-__device__ __forceinline__ int channels_per_group(const GnArgs& a) { return static_cast<int>(a.c / a.g); }
+__device__ __forceinline__ int64_t task_count(const GnArgs& a) { return a.n * windows_per_sample(a); }
+__device__ __forceinline__ int64_t task_sample(const GnArgs& a, int64_t task) {
+  return static_cast<int>(task) / windows_per_sample(a);
+}
+__device__ __forceinline__ int64_t task_c0(const GnArgs& a, int64_t task) {
+  return static_cast<int64_t>(static_cast<int>(task) % windows_per_sample(a)) * a.window;
+}
+__device__ __forceinline__ int channels_per_group(const GnArgs& a) {
+  return static_cast<int>(a.c) / static_cast<int>(a.g);
+}
 __device__ __forceinline__ int groups_per_window(const GnArgs& a) {
   return static_cast<int>(a.window) / channels_per_group(a);
+}
+// The tiles [t0, t1) of member `member` of a team (schedule.member_tiles).
+__device__ __forceinline__ int member_tile(const GnArgs& a, int member) {
+  return member * static_cast<int>(a.tiles_per_task) / a.team_size;
 }
 
 // Rows of a chunk per thread, a compile-time bound so the row loops unroll with constant offsets:
@@ -128,7 +142,7 @@ template <typename T, int V>
 constexpr int kChunkRowsPerThread = sizeof(T) * V == 16 ? 4 : 16;
 
 __device__ __forceinline__ int chunks_per_tile(const GnArgs& a) {
-  return static_cast<int>((a.rows_per_tile + a.chunk_rows - 1) / a.chunk_rows);
+  return (static_cast<int>(a.rows_per_tile) + static_cast<int>(a.chunk_rows) - 1) / static_cast<int>(a.chunk_rows);
 }
 
 // One thread's view of the chunks of a member's tiles [t0, t1) of a task. Tiles are whole chunks
@@ -149,7 +163,9 @@ struct ThreadChunks {
     cstep = a.chunk_rows * a.c;
     left = row_end - row_begin - row;
     chunk_rows = static_cast<int>(a.chunk_rows);
-    full = left <= 0 ? 0 : static_cast<int>(min(left / chunk_rows, static_cast<int64_t>(INT_MAX)));
+    full = left <= 0          ? 0
+           : left <= INT_MAX ? static_cast<int>(left) / chunk_rows
+                             : static_cast<int>(min(left / chunk_rows, static_cast<int64_t>(INT_MAX)));
   }
   __device__ int64_t offset(int q) const { return first + q * cstep; }
   // this thread has row k of chunk q iff k * rows_threads < limit(q)
@@ -414,11 +430,14 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   // return before the first chunk instead of queueing behind all of them, and converted after the
   // copies are issued (a conversion here would wait for the load and hold the copies up).
   T raw[V];
+  {
+    const int c = lane.col * V;  // the group of channel c + v, stepped: one division
+    int first = c / cpg * cpg;
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
-    const int cl = lane.col * V + v;
-    const int first = cl < a.window ? cl / cpg * cpg : 0;
-    raw[v] = lane.active ? base[first] : base[0];
+    for (int v = 0; v < V; ++v) {
+      if (c + v - first == cpg) first += cpg;
+      raw[v] = lane.active && c + v < a.window ? base[first] : base[0];
+    }
   }
   for (int i = 0; i < ahead; ++i) issue();
   float shift[V], s1[V], s2[V];
@@ -453,10 +472,16 @@ struct ApplyCoefs {
   float mean[V], scale[V], beta[V];
   __device__ ApplyCoefs(const GnArgs& a, const float2* grp, const float2* param, int col) {
     const int cpg = channels_per_group(a);
+    const int c = col * V;  // the group of channel c + v, stepped: one division
+    int g = c / cpg, in_group = c - g * cpg;
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const int cl = min(col * V + v, static_cast<int>(a.window) - 1);
-      const float2 st = grp[cl / cpg], pr = param[cl];
+    for (int v = 0; v < V; ++v, ++in_group) {
+      if (in_group == cpg) {
+        ++g;
+        in_group = 0;
+      }
+      const int cl = min(c + v, static_cast<int>(a.window) - 1);
+      const float2 st = grp[min(g, groups_per_window(a) - 1)], pr = param[cl];
       mean[v] = st.x;
       scale[v] = st.y * pr.x;
       beta[v] = pr.y;

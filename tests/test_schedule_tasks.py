@@ -67,6 +67,8 @@ def test_tiling_depends_on_shape_dtype_and_alignment_only() -> None:
     assert a == b
     assert schedule.task_tiling(4096, 1, 64, 4, "fwd") is None  # a window of 1024 vectors: not covered
     assert schedule.task_tiling(64, 4, 0, 2, "fwd") is None
+    assert schedule.task_tiling(64, 1, 4, 2, "fwd", batch=2**31) is None  # tasks are 32-bit in csrc
+    assert schedule.task_tiling(64, 1, 4, 2, "fwd", batch=2**31 - 1) is not None
 
 
 def test_slots_fill_the_budget_without_passing_it() -> None:

@@ -457,7 +457,7 @@ def task_tiling(
     aligned: bool = True,
 ) -> TaskTiling | None:
     """The task tiling, or None when the task kernels do not cover the shape (a window wider than
-    THREADS vectors, or an empty tensor)."""
+    THREADS vectors, an empty tensor, or 2**31 tasks or rows per tile)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if channels < 1 or groups < 1 or channels % groups:
@@ -477,6 +477,8 @@ def task_tiling(
     chunk_rows = min(chunk_rows, _round_up(rows, rows_threads))
     rows_per_tile = max(chunk_rows, _round_up(-(-rows // MAX_TILES_PER_TASK), chunk_rows))
     rows_per_tile = min(rows_per_tile, rows)
+    if batch * (channels // window) >= 2**31 or rows_per_tile >= 2**31:
+        return None  # the kernels index tasks and a tile's rows in 32 bits
     return TaskTiling(
         direction=direction,
         channels=channels,
