@@ -346,7 +346,7 @@ __device__ __forceinline__ const float2* task_partials(const GnArgs& a, int64_t 
 // batch instead of one per eight). Not inlined: its registers then do not add to the kernels' hot
 // loops (ptxas sizes a kernel by its worst point).
 __device__ __noinline__ float2 sum_partials(const float2* p, int lo, int hi) {
-  constexpr int kBatch = 32;
+  constexpr int kBatch = 16;  // (32 spilled on sm_100)
   float2 acc = make_float2(0.f, 0.f);
   for (int t0 = lo; t0 < hi; t0 += kBatch) {
     float2 v[kBatch];
