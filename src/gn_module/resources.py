@@ -8,13 +8,15 @@ disk by (arch, hash of the sources, nvcc version, flags). No torch, no GPU neede
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -271,25 +273,65 @@ def compile_arch(
     digest = sources_hash(root)
     key = hashlib.sha256(json.dumps([arch, digest, version, list(NVCC_FLAGS), list(extra_flags)]).encode())
     cache = _cache_dir() / f"{arch}-{key.hexdigest()[:20]}.json"
-    if use_cache and cache.is_file():
+    if not use_cache:
+        return _compile_report(nvcc, srcs, arch, version, digest, extra_flags, workers)
+    cached = _read_report(cache, arch, version, digest)
+    if cached is not None:
+        return cached
+    # One process compiles, the others wait and read its result: without the lock every xdist worker
+    # of a sweep compiled every profile's arch (8 workers: 8x the nvcc time, 245 s instead of 30 s).
+    with _cache_lock(cache):
+        cached = _read_report(cache, arch, version, digest)  # another process finished it meanwhile
+        if cached is not None:
+            return cached
+        report = _compile_report(nvcc, srcs, arch, version, digest, extra_flags, workers)
         try:
-            data = json.loads(cache.read_text())
-            kernels = [KernelReport(**k) for k in data["kernels"]]
-            return ArchReport(arch, version, digest, kernels, cached=True)
-        except (ValueError, KeyError, TypeError):
-            pass  # a corrupt or stale-format entry is simply recompiled
-    with ThreadPoolExecutor(max_workers=workers or min(len(srcs), os.cpu_count() or 1)) as pool:
-        results = list(pool.map(lambda s: compile_source(nvcc, s, arch, extra_flags), srcs))
-    report = ArchReport(arch, version, digest, [k for ks in results for k in ks])
-    if use_cache:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"kernels": [asdict(k) for k in report.kernels]}))
-            tmp.replace(cache)  # atomic: concurrent xdist workers never read half a file
+            tmp.replace(cache)  # atomic: readers without the lock never see half a file
         except OSError:
             pass
     return report
+
+
+def _compile_report(
+    nvcc: str,
+    srcs: list[Path],
+    arch: str,
+    version: str,
+    digest: str,
+    extra_flags: Sequence[str],
+    workers: int | None,
+) -> ArchReport:
+    with ThreadPoolExecutor(max_workers=workers or min(len(srcs), os.cpu_count() or 1)) as pool:
+        results = list(pool.map(lambda s: compile_source(nvcc, s, arch, extra_flags), srcs))
+    return ArchReport(arch, version, digest, [k for ks in results for k in ks])
+
+
+def _read_report(cache: Path, arch: str, version: str, digest: str) -> ArchReport | None:
+    if not cache.is_file():
+        return None
+    try:
+        data = json.loads(cache.read_text())
+        kernels = [KernelReport(**k) for k in data["kernels"]]
+        return ArchReport(arch, version, digest, kernels, cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a corrupt or stale-format entry is simply recompiled
+
+
+@contextlib.contextmanager
+def _cache_lock(cache: Path) -> Iterator[None]:
+    """An exclusive lock on `cache`'s entry across processes (released by the OS if one dies);
+    without a writable cache folder, no lock (each process compiles, as before)."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(cache.with_suffix(".lock"), "w")  # noqa: SIM115 (held across the yield)
+    except OSError:
+        yield
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def compile_archs(

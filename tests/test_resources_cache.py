@@ -1,0 +1,64 @@
+"""The ptxas resource-report cache under concurrency: one process compiles an arch, the others wait for
+its entry (an arch sweep's xdist workers each used to compile every profile's arch), with a fake nvcc."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+FAKE_NVCC = textwrap.dedent(
+    """\
+    #!{python}
+    import os, sys, time
+    if "--version" in sys.argv:
+        print("Cuda compilation tools, release 13.0, V13.0.88")
+        sys.exit(0)
+    with open(os.environ["FAKE_NVCC_LOG"], "a") as log:  # one line per source compiled
+        log.write(sys.argv[-1] + "\\n")
+    time.sleep(0.5)  # long enough for the other processes to find the entry missing
+    print("ptxas info    : Compiling entry function '_ZN2gn9fwd_applyIfLi4EEEv6GnArgs' for 'sm_80'")
+    print("ptxas info    : Used 40 registers, used 1 barriers")
+    """
+)
+
+WORKER = textwrap.dedent(
+    """\
+    import sys
+    from pathlib import Path
+    from gn_module import resources
+    report = resources.compile_arch("sm_80", Path(sys.argv[1]), nvcc=sys.argv[2])
+    print(len(report.kernels), report.cached)
+    """
+)
+
+
+@pytest.mark.parametrize("processes", [4])
+def test_concurrent_processes_compile_each_source_once(tmp_path: Path, processes: int) -> None:
+    root = tmp_path / "csrc"
+    root.mkdir()
+    for name in ("a.cu", "b.cu"):
+        (root / name).write_text("// fake source\n")
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(FAKE_NVCC.format(python=sys.executable))
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "compiled.log"
+    env = {**os.environ, "GN_CACHE_DIR": str(tmp_path / "cache"), "FAKE_NVCC_LOG": str(log)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(root), str(nvcc)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(processes)
+    ]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    compiled = log.read_text().split()
+    # each source once (the lock); without it every process compiles both: 2 x processes lines
+    assert sorted(compiled) == sorted(str(root / n) for n in ("a.cu", "b.cu")), compiled
+    assert all(o[0] == "2" for o in outs)  # every process got both kernels
+    assert sum(o[1] == "True" for o in outs) == processes - 1  # the others read the compiler's entry
