@@ -138,10 +138,10 @@ def render_markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def checks_lines(checks: Sequence[TargetCheck]) -> list[str]:
-    """One line per target check, misses first."""
-    order = {False: 0, None: 1, True: 2}
+    """One line per target check: misses, then n/a, passes and the reported (not judged) fp32 rows."""
+    order = {"MISS": 0, "n/a": 1, "PASS": 2, "reported": 3}
     lines = []
-    for c in sorted(checks, key=lambda c: order[c.passed]):
+    for c in sorted(checks, key=lambda c: order[c.status]):
         op = ">=" if c.higher_is_better else "<="
         value = "missing" if c.value is None else f"{c.value:.3g}"
         lines.append(
@@ -149,6 +149,11 @@ def checks_lines(checks: Sequence[TargetCheck]) -> list[str]:
             f"(target {op} {c.threshold:g})"
         )
     return lines
+
+
+def _summary_line(s: dict[str, int]) -> str:
+    line = f"{s['PASS']} pass, {s['MISS']} miss, {s['n/a']} n/a"
+    return line + (f", {s['reported']} reported (fp32, not judged)" if s["reported"] else "")
 
 
 def render_console(report: Report) -> str:
@@ -160,7 +165,7 @@ def render_console(report: Report) -> str:
         out += [f"  {r.case.name} {r.dtype} {r.direction} {r.impl}: {r.error}" for r in errors]
     if report.checks:
         s = summarize_checks(report.checks)
-        out.append(f"\nSpeed targets (issue 6): {s['PASS']} pass, {s['MISS']} miss, {s['n/a']} n/a")
+        out.append(f"\nSpeed targets (issues 12, 13): {_summary_line(s)}")
         out += ["  " + line for line in checks_lines(report.checks)]
     return "\n".join(out)
 
@@ -190,9 +195,12 @@ def render_markdown_report(report: Report) -> str:
     ]
     if report.checks:
         s = summarize_checks(report.checks)
-        lines += ["", f"Speed targets: {s['PASS']} pass, {s['MISS']} miss, {s['n/a']} n/a.", ""]
-        misses = [line for line in checks_lines(report.checks) if not line.startswith("PASS")]
-        lines += [f"- {line}" for line in misses] or ["- all targets met"]
+        lines += ["", f"Speed targets (issues 12, 13): {_summary_line(s)}.", ""]
+        misses = [line for line in checks_lines(report.checks) if line.startswith(("MISS", "n/a"))]
+        judged = s["PASS"] + s["MISS"] + s["n/a"]
+        lines += [f"- {line}" for line in misses] or [
+            "- all targets met" if judged else "- no judged targets (fp32 is reported, not judged)"
+        ]
     return "\n".join(lines) + "\n"
 
 
