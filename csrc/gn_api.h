@@ -51,6 +51,11 @@ typedef struct GnArgs {
   int64_t chunk_rows;    // rows per shared-memory chunk, a multiple of rows_threads
   uint32_t* sync;        // persistent zeroed words: epoch, exits, then (arrivals, flag) per task
   int64_t* trace;        // optional (profiling): per block, clock64() at phase boundaries (gn_tasks.cuh)
+  // Derived task geometry, from the schedule (divisions a block's prologue would otherwise wait on).
+  int32_t channels_per_group;
+  int32_t groups_per_window;
+  int32_t windows_per_sample;
+  int32_t chunks_per_tile;
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

@@ -111,12 +111,10 @@ __device__ __forceinline__ void trace_point(const GnArgs& a, int point) {
 }
 
 // ---------------------------------------------------------------- task geometry
-// 32-bit divisions only: a 64-bit one is a long dependent call, and a block's prologue had several
-// of them before its first copy (schedule.task_tiling keeps tasks, tiles and rows per tile below
-// 2**31, so these fit).
-__device__ __forceinline__ int windows_per_sample(const GnArgs& a) {
-  return static_cast<int>(a.c) / static_cast<int>(a.window);
-}
+// Divisions come precomputed from the schedule (GnArgs' derived fields) or are 32-bit: a 64-bit
+// division is a long dependent call, and a block's prologue had several before its first copy
+// (schedule.task_tiling keeps tasks, tiles and rows per tile below 2**31, so these fit).
+__device__ __forceinline__ int windows_per_sample(const GnArgs& a) { return a.windows_per_sample; }
 __device__ __forceinline__ int64_t task_count(const GnArgs& a) { return a.n * windows_per_sample(a); }
 __device__ __forceinline__ int64_t task_sample(const GnArgs& a, int64_t task) {
   return static_cast<int>(task) / windows_per_sample(a);
@@ -124,12 +122,8 @@ __device__ __forceinline__ int64_t task_sample(const GnArgs& a, int64_t task) {
 __device__ __forceinline__ int64_t task_c0(const GnArgs& a, int64_t task) {
   return static_cast<int64_t>(static_cast<int>(task) % windows_per_sample(a)) * a.window;
 }
-__device__ __forceinline__ int channels_per_group(const GnArgs& a) {
-  return static_cast<int>(a.c) / static_cast<int>(a.g);
-}
-__device__ __forceinline__ int groups_per_window(const GnArgs& a) {
-  return static_cast<int>(a.window) / channels_per_group(a);
-}
+__device__ __forceinline__ int channels_per_group(const GnArgs& a) { return a.channels_per_group; }
+__device__ __forceinline__ int groups_per_window(const GnArgs& a) { return a.groups_per_window; }
 // The tiles [t0, t1) of member `member` of a team (schedule.member_tiles).
 __device__ __forceinline__ int member_tile(const GnArgs& a, int member) {
   return member * static_cast<int>(a.tiles_per_task) / a.team_size;
@@ -141,9 +135,7 @@ __device__ __forceinline__ int member_tile(const GnArgs& a, int member) {
 template <typename T, int V>
 constexpr int kChunkRowsPerThread = sizeof(T) * V == 16 ? 4 : 16;
 
-__device__ __forceinline__ int chunks_per_tile(const GnArgs& a) {
-  return (static_cast<int>(a.rows_per_tile) + static_cast<int>(a.chunk_rows) - 1) / static_cast<int>(a.chunk_rows);
-}
+__device__ __forceinline__ int chunks_per_tile(const GnArgs& a) { return a.chunks_per_tile; }
 
 // One thread's view of the chunks of a member's tiles [t0, t1) of a task. Tiles are whole chunks
 // (schedule.task_tiling), so chunk q starts at row t0 * rows_per_tile + q * chunk_rows; chunks past
@@ -305,6 +297,7 @@ __device__ void finish_tile(const GnArgs& a, const TaskLane& lane, const TaskSme
   __syncthreads();
   for (int i = threadIdx.x; i < width; i += kThreads) {
     float2 acc = make_float2(0.f, 0.f);
+#pragma unroll 8
     for (int r = 0; r < srows; ++r) {
       const float2 p = sm.scratch[r * width + i];
       acc.x += p.x;
@@ -316,6 +309,7 @@ __device__ void finish_tile(const GnArgs& a, const TaskLane& lane, const TaskSme
   const int cpg = channels_per_group(a);
   for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
     float2 acc = make_float2(0.f, 0.f);
+#pragma unroll 8  // the loads go ahead of the chain of additions
     for (int k = 0; k < cpg; ++k) {
       const float2 c = sm.chan[gl * cpg + k];
       acc.x += c.x;

@@ -77,6 +77,10 @@ class GnArgs(ctypes.Structure):
         ("chunk_rows", _i64),
         ("sync", _p),
         ("trace", _p),
+        ("channels_per_group", _i32),
+        ("groups_per_window", _i32),
+        ("windows_per_sample", _i32),
+        ("chunks_per_tile", _i32),
     ]
 
 

@@ -433,6 +433,8 @@ def _args(
         a.arch, a.slots = 2, p.slots
         a.team_size, a.teams = (p.teams.team_size, p.teams.teams) if p.teams is not None else (1, 1)
         a.window, a.tiles_per_task, a.chunk_rows = t.window, t.tiles_per_task, t.chunk_rows
+        a.channels_per_group, a.groups_per_window = t.channels // t.groups, t.groups_per_window
+        a.windows_per_sample, a.chunks_per_tile = t.channels // t.window, t.chunks_per_tile
         a.rows_per_tile, a.tiles_per_slice, a.col_chunks = t.rows_per_tile, t.tiles_per_task, 1
         return a
     a.arch = 1
