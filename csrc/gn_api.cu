@@ -43,7 +43,8 @@ int gn_onepass_occupancy(int device, int direction, int dtype, int vec, int smem
 int gn_task_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm) {
   const gn::DeviceGuard guard(device);
   if (guard.status() != cudaSuccess) return guard.status();
-  return direction == 0 ? gn::task_forward_occupancy(dtype, vec, smem, blocks_per_sm) : cudaErrorNotSupported;
+  return direction == 0 ? gn::task_forward_occupancy(dtype, vec, smem, blocks_per_sm)
+                        : gn::task_backward_occupancy(dtype, vec, smem, blocks_per_sm);
 }
 
 int gn_kernel_attributes(int device, int kind, int dtype, int vec, int* regs, int* static_smem,

@@ -63,7 +63,7 @@ int gn_forward(const GnArgs* args, void* stream);
 int gn_backward(const GnArgs* args, void* stream);
 // Co-resident blocks per SM of the one-pass kernel for (direction 0 fwd / 1 bwd, dtype, vec, smem).
 int gn_onepass_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm);
-// The same for the one-pass kernel of the task architecture (arch 2; forward only so far).
+// The same for the task architecture (arch 2): the forward one-pass kernel, the backward stats kernel.
 int gn_task_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm);
 // Registers, static shared memory and local memory of one kernel (kind: see gn_kernels.cuh).
 int gn_kernel_attributes(int device, int kind, int dtype, int vec, int* regs, int* static_smem,

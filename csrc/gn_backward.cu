@@ -1,6 +1,7 @@
 // Backward GroupNorm kernels (one-pass cooperative and two-pass) and their launcher.
 #include "gn_dispatch.cuh"
 #include "gn_launch.h"
+#include "gn_tasks.cuh"
 
 namespace gn {
 
@@ -69,6 +70,84 @@ int launch_backward(const GnArgs& a, cudaStream_t stream) {
   return launch_schedule(a, stream, bwd_onepass<T, V>, bwd_tiles<T, V>, bwd_combine, bwd_apply<T, V>);
 }
 
+// ---------------------------------------------------------------- task architecture (two-pass)
+// Stats over persistent teams (as the forward's): each member reduces its tiles of its team's tasks;
+// the last member of a task combines (bwd_combine_task), the last task of a window over the samples
+// writes dweight and dbias. Then dx over the same teams, tasks and chunks in reverse.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
+  const TaskSmem<T> sm(a, 2);
+  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  int64_t tiles_done = 0;
+  if (team < a.teams) {
+    const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
+    for (int64_t task = team; task < task_count(a); task += a.teams) {
+      load_task_params(a, task, sm.param);
+      load_group_stats(a, task, sm.grp);
+      __syncthreads();
+      member_bwd_stats<T, V>(a, task, t0, t1, sm);
+      if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) bwd_combine_task<T>(a, task, sm);
+      tiles_done += t1 - t0;
+      __syncthreads();  // sm.param, sm.grp and sm.chan are rewritten for the next task
+    }
+  }
+  record(a, 1, static_cast<int>(tiles_done));
+  if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
+  const TaskSmem<T> sm(a, 2);
+  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const int64_t tasks = task_count(a);
+  int64_t tiles_done = 0, reread = 0;
+  if (team < a.teams && team < tasks) {
+    const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
+    const float count = static_cast<float>(a.s) * static_cast<float>(channels_per_group(a));
+    const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task
+    for (int64_t task = last; task >= team; task -= a.teams) {
+      load_task_params(a, task, sm.param);
+      load_group_stats(a, task, sm.grp);
+      const int64_t ng0 = task_group0(a, task);
+      for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
+        const float2 q = __ldcg(group_sums(a) + ng0 + gl);
+        sm.coef[gl] = make_float2(q.x / count, q.y / count);
+      }
+      __syncthreads();
+      reread += a.act == 1 ? member_bwd_apply<T, V, true>(a, task, t0, t1, sm)  // (each ends with a barrier)
+                           : member_bwd_apply<T, V, false>(a, task, t0, t1, sm);
+      tiles_done += t1 - t0;
+    }
+  }
+  record(a, 2, static_cast<int>(tiles_done));
+  record(a, 3, static_cast<int>(reread));
+}
+
+template <typename Cfg>
+int launch_backward_tasks(const GnArgs& a, cudaStream_t stream) {
+  using T = typename Cfg::type;
+  constexpr int V = Cfg::vec;
+  if (a.schedule != 2) return cudaErrorNotSupported;  // no one-pass task backward yet (schedule.py agrees)
+  if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) return cudaErrorInvalidValue;
+  cudaError_t err;
+  if ((err = allow_smem(reinterpret_cast<const void*>(bwd_task_stats<T, V>), a.smem)) != cudaSuccess) return err;
+  if ((err = allow_smem(reinterpret_cast<const void*>(bwd_task_apply<T, V>), a.smem)) != cudaSuccess) return err;
+  const unsigned blocks = static_cast<unsigned>(a.grid);
+  bwd_task_stats<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  bwd_task_apply<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+int task_backward_occupancy(int dtype, int vec, int smem, int* blocks) {
+  return visit_config(dtype, vec, [&](auto cfg) {
+    using C = decltype(cfg);
+    return static_cast<int>(
+        occupancy_of(reinterpret_cast<const void*>(bwd_task_stats<typename C::type, C::vec>), smem, blocks));
+  });
+}
+
+// ---------------------------------------------------------------- tiles + levels
 int backward_occupancy(int dtype, int vec, int smem, int* blocks) {
   return visit_config(dtype, vec, [&](auto cfg) {
     using C = decltype(cfg);
@@ -96,6 +175,7 @@ extern "C" int gn_backward(const GnArgs* args, void* stream) {
   const gn::DeviceGuard guard(args->device);
   if (guard.status() != cudaSuccess) return guard.status();
   return gn::visit_config(args->dtype, args->vec, [&](auto cfg) {
-    return gn::launch_backward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
+    return args->arch == 2 ? gn::launch_backward_tasks<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream))
+                           : gn::launch_backward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
   });
 }

@@ -43,6 +43,7 @@ int level_attributes(int* regs, int* smem, int* local);
 int forward_occupancy(int dtype, int vec, int smem, int* blocks);
 int task_forward_occupancy(int dtype, int vec, int smem, int* blocks);
 int backward_occupancy(int dtype, int vec, int smem, int* blocks);
+int task_backward_occupancy(int dtype, int vec, int smem, int* blocks);
 int forward_attributes(int kind, int dtype, int vec, int* regs, int* smem, int* local);
 int backward_attributes(int kind, int dtype, int vec, int* regs, int* smem, int* local);
 

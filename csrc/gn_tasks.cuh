@@ -52,11 +52,20 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 __device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-// Word pairs per task: an arrival counter (always left at zero) and a flag (holds an epoch). The
-// layout does not depend on the launch's task count, so a counter word is never a flag word of an
-// earlier launch with other shapes.
-__device__ __forceinline__ unsigned* arrivals(const GnArgs& a, int64_t task) { return a.sync + 2 + 2 * task; }
-__device__ __forceinline__ unsigned* flags(const GnArgs& a, int64_t task) { return a.sync + 3 + 2 * task; }
+// Three words per task: an arrival counter (always left at zero), a flag (holds an epoch) and a
+// column counter (always left at zero; the backward counts a window's finished samples on the word
+// of the window's task in sample 0). The layout does not depend on the launch's task count, so a
+// counter word is never a flag word of an earlier launch with other shapes. schedule.TaskPlan.sync_words.
+constexpr int kSyncWordsPerTask = 3;
+__device__ __forceinline__ unsigned* arrivals(const GnArgs& a, int64_t task) {
+  return a.sync + 2 + kSyncWordsPerTask * task;
+}
+__device__ __forceinline__ unsigned* flags(const GnArgs& a, int64_t task) {
+  return a.sync + 3 + kSyncWordsPerTask * task;
+}
+__device__ __forceinline__ unsigned* columns(const GnArgs& a, int64_t task) {
+  return a.sync + 4 + kSyncWordsPerTask * task;
+}
 
 // Thread 0 of every block reads the launch epoch (a relaxed load: only its own exit, later in
 // program order, can let the epoch advance); the last block to finish advances it. Flags set in
@@ -169,24 +178,28 @@ struct ThreadChunks {
 };
 
 // ---------------------------------------------------------------- shared-memory layout
-// [slots x chunk][column scratch, float2][per-channel totals, float2][per-channel (weight, bias)]
-// [per-group (mean, rstd)]; the same formula as schedule.task_smem_bytes.
+// [slots x chunk (x, then dy in the backward)][column scratch, float2][per-channel totals, float2]
+// [per-channel (weight, bias)][per-group (mean, rstd)][per-group backward coefficients]; the same
+// formula as schedule.task_smem_bytes.
 template <typename T>
 struct TaskSmem {
   T* slot0;
-  int slot_elems;
+  int slot_elems;    // elements from one slot to the next
+  int tensor_elems;  // from a slot's x chunk to its dy chunk
   float2* scratch;
   float2* chan;
   float2* param;
   float2* grp;
-  __device__ explicit TaskSmem(const GnArgs& a) {
+  float2* coef;
+  __device__ TaskSmem(const GnArgs& a, int tensors = 1) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int64_t slot_bytes = (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
+    const int64_t chunk_bytes = (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
     const int width = a.cols_threads * a.vec;
-    const int srows = (32 % a.cols_threads) == 0 ? kWarps : a.rows_threads;  // finish_tile's rows
+    const int srows = (32 % a.cols_threads) == 0 ? kWarps : a.rows_threads;  // fold_channels' rows
     slot0 = reinterpret_cast<T*>(smem);
-    slot_elems = static_cast<int>(slot_bytes / static_cast<int64_t>(sizeof(T)));
-    unsigned char* p = smem + a.slots * slot_bytes;
+    tensor_elems = static_cast<int>(chunk_bytes / static_cast<int64_t>(sizeof(T)));
+    slot_elems = tensors * tensor_elems;
+    unsigned char* p = smem + a.slots * tensors * chunk_bytes;
     scratch = reinterpret_cast<float2*>(p);
     p += static_cast<int64_t>(srows) * width * 8;
     chan = reinterpret_cast<float2*>(p);
@@ -194,6 +207,8 @@ struct TaskSmem {
     param = reinterpret_cast<float2*>(p);
     p += static_cast<int64_t>(width) * 8;
     grp = reinterpret_cast<float2*>(p);
+    p += static_cast<int64_t>(a.groups_per_window) * 8;
+    coef = reinterpret_cast<float2*>(p);
   }
 };
 
@@ -215,7 +230,7 @@ template <typename T, int V>
 __device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int sstep, int rows_threads, int limit) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;  // k * rows_threads, stepped (no multiplies per row)
-#pragma unroll
+#pragma unroll 4  // all of R = 4 vector rows; groups of 4 of the 16 scalar ones (registers)
   for (int k = 0; k < R; ++k, r += rows_threads, g += gstep, s += sstep) {
     if (r < limit) {
       if constexpr (sizeof(T) * V == 16) {
@@ -269,12 +284,12 @@ __device__ __forceinline__ void accumulate_rows(const T* s, int sstep, int rows_
   }
 }
 
-// Ends a tile: sums the threads' values per channel (across the lanes of a warp that share a
-// column by an xor butterfly, then over warps or row threads in order), then per group over its
-// channels in order, and writes the tile's partial of each of the window's groups.
+// Sums the threads' (s1, s2) per channel of the window into sm.chan (visible to all threads on
+// return), in a fixed order: across the lanes of a warp that share a column by an xor butterfly,
+// then over warps or row threads in order. Zeroes s1 and s2 for the next tile.
 template <typename T, int V>
-__device__ void finish_tile(const GnArgs& a, const TaskLane& lane, const TaskSmem<T>& sm, float (&s1)[V],
-                            float (&s2)[V], float2* out, int64_t tiles) {
+__device__ void fold_channels(const GnArgs& a, const TaskLane& lane, const TaskSmem<T>& sm, float (&s1)[V],
+                              float (&s2)[V]) {
   const int ct = a.cols_threads;
   const int width = ct * V;
   const bool fold_warp = (32 % ct) == 0;
@@ -306,6 +321,14 @@ __device__ void finish_tile(const GnArgs& a, const TaskLane& lane, const TaskSme
     sm.chan[i] = acc;
   }
   __syncthreads();
+}
+
+// Ends a forward tile: the per-channel sums (fold_channels), then per group over its channels in
+// order, written as the tile's partial of each of the window's groups.
+template <typename T, int V>
+__device__ void finish_tile(const GnArgs& a, const TaskLane& lane, const TaskSmem<T>& sm, float (&s1)[V],
+                            float (&s2)[V], float2* out, int64_t tiles) {
+  fold_channels<T, V>(a, lane, sm, s1, s2);
   const int cpg = channels_per_group(a);
   for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
     float2 acc = make_float2(0.f, 0.f);
@@ -339,7 +362,7 @@ __device__ __forceinline__ const float2* task_partials(const GnArgs& a, int64_t 
 // p[lo] + ... + p[hi - 1] in order, with a batch of loads in flight at once (one L2 round trip per
 // batch instead of one per eight). Not inlined: its registers then do not add to the kernels' hot
 // loops (ptxas sizes a kernel by its worst point).
-__device__ __noinline__ float2 sum_partials(const float2* p, int lo, int hi) {
+static __device__ __noinline__ float2 sum_partials(const float2* p, int lo, int hi) {
   constexpr int kBatch = 16;  // (32 spilled on sm_100)
   float2 acc = make_float2(0.f, 0.f);
   for (int t0 = lo; t0 < hi; t0 += kBatch) {
@@ -577,6 +600,289 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   }
   __syncthreads();  // sm.grp and sm.param are rewritten for the next task
   return reread;
+}
+
+// ---------------------------------------------------------------- backward (GN_ARCH=tasks+bwd)
+// Per channel of a task: s1 = sum of dz and s2 = sum of dz * xhat over the task's rows, where
+// xhat = (x - mean) * rstd and dz = dy * act'(z), z = xhat * w + b (the tile kernels' grad_z).
+// Tiles hold per-channel partials [task][tile][channel of the window]; the last member of a task to
+// arrive sums them over tiles in order into the sample's channel sums [n][c] and, from those, each
+// group's (sum w * s1, sum w * s2) into [n][g]; the last task of a window over the samples sums the
+// channel sums over samples in order into dbias and dweight. dx = rstd * (w * dz - (A + xhat * B) / M)
+// with M the group's element count. Every sum has a fixed order: bitwise equal across grids.
+
+__device__ __forceinline__ float2* bwd_partials(const GnArgs& a, int64_t task) {
+  return reinterpret_cast<float2*>(a.workspace + a.off_partials) + task * a.tiles_per_task * a.window;
+}
+// (gn_kernels.cuh's channel_sums [n][c] hold (sum dz, sum dz * xhat) here, group_sums [n][g]
+// (sum w * dz, sum w * dz * xhat).)
+
+// A thread's V channels: its groups' (mean, rstd) from sm.grp, (w, b) from sm.param.
+template <int V>
+struct BwdCoefs {
+  float mean[V], rstd[V], w[V], b[V];
+  __device__ BwdCoefs(const GnArgs& a, const float2* grp, const float2* param, int col) {
+    const int cpg = channels_per_group(a);
+    const int c = col * V;  // the group of channel c + v, stepped: one division
+    int g = c / cpg, in_group = c - g * cpg;
+#pragma unroll
+    for (int v = 0; v < V; ++v, ++in_group) {
+      if (in_group == cpg) {
+        ++g;
+        in_group = 0;
+      }
+      const float2 st = grp[min(g, groups_per_window(a) - 1)];
+      const float2 pr = param[min(c + v, static_cast<int>(a.window) - 1)];
+      mean[v] = st.x;
+      rstd[v] = st.y;
+      w[v] = pr.x;
+      b[v] = pr.y;
+    }
+  }
+};
+
+template <bool kSilu>
+__device__ __forceinline__ float grad_of_z(float dy, float xhat, float w, float b) {
+  if constexpr (!kSilu) {
+    return dy;
+  } else {
+    const float z = fmaf(xhat, w, b);
+    const float s = sigmoid(z);
+    return dy * s * fmaf(z, 1.f - s, 1.f);
+  }
+}
+
+// (s1, s2) += (dz, dz * xhat) over this thread's rows of one chunk (x and dy slots), in row order.
+template <typename T, int V, bool kSilu>
+__device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const T* sd, int sstep, int rows_threads, int limit,
+                                                    const BwdCoefs<V>& k, float (&s1)[V], float (&s2)[V]) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
+  int r = 0;
+#pragma unroll 4  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
+  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {
+    if (r < limit) {
+      const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
+      const Pack<T, V> d = *reinterpret_cast<const Pack<T, V>*>(sd);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const float xhat = (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
+        const float dz = grad_of_z<kSilu>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
+        s1[v] += dz;
+        s2[v] = fmaf(dz, xhat, s2[v]);
+      }
+    }
+  }
+}
+
+// The backward stats of the tiles [t0, t1) of `task`: x and dy chunk by chunk through the ring of
+// `slots` chunk pairs, one per-channel partial per tile. sm.grp and sm.param hold the task's
+// statistics and parameters (visible). Returns the number of chunks.
+template <typename T, int V>
+__device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
+  const TaskLane lane(a);
+  const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
+  const int64_t base = task_sample(a, task) * a.s * a.c + task_c0(a, task);
+  const T* x = static_cast<const T*>(a.x) + base;
+  const T* dy = static_cast<const T*>(a.dy) + base;
+  float2* parts = bwd_partials(a, task);
+  const int slots = a.slots, ahead = slots - 1;
+  const int cpt = chunks_per_tile(a);
+  const int chunks = static_cast<int>(t1 - t0) * cpt;
+  const int rt = a.rows_threads;
+  const int sstep = rt * static_cast<int>(a.window);
+  const int64_t gstep = static_cast<int64_t>(rt) * a.c;
+  T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
+  int load_q = 0, load_slot = 0;
+  auto issue = [&]() {  // the next chunk pair in order into its slot, one copy group per call
+    if (load_q < chunks && lane.active) {
+      const int64_t off = tc.offset(load_q);
+      const int limit = tc.limit(load_q);
+      T* s = mine + load_slot * sm.slot_elems;
+      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
+      copy_rows<T, V>(dy + off, gstep, s + sm.tensor_elems, sstep, rt, limit);
+    }
+    cp_async_commit();
+    ++load_q;
+    load_slot = next_slot(load_slot, slots);
+  };
+  for (int i = 0; i < ahead; ++i) issue();
+  const BwdCoefs<V> k(a, sm.grp, sm.param, lane.col);
+  float s1[V], s2[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
+  int use_slot = 0, in_tile = 0;
+  int64_t tile = t0;
+  for (int q = 0; q < chunks; ++q) {
+    issue();
+    cp_async_wait(ahead);
+    if (lane.active) {
+      const T* s = mine + use_slot * sm.slot_elems;
+      if (a.act == 1) {
+        accumulate_rows_bwd<T, V, true>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
+      } else {
+        accumulate_rows_bwd<T, V, false>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
+      }
+    }
+    use_slot = next_slot(use_slot, slots);
+    if (++in_tile == cpt) {
+      fold_channels<T, V>(a, lane, sm, s1, s2);
+      float2* out = parts + tile * a.window;
+      for (int i = threadIdx.x; i < a.window; i += kThreads) out[i] = sm.chan[i];
+      in_tile = 0;
+      ++tile;
+    }
+  }
+  return chunks;
+}
+
+// Column sums of a [tiles][width] float2 array, one column per `lanes` threads: lane j sums the rows
+// [j*P/L, (j+1)*P/L) in order, then the lanes fold by xor (a fixed order). Returns the total in lane 0.
+__device__ __forceinline__ float2 column_sum(const float2* p, int width, int rows, int col, int lanes, int j) {
+  const int lo = j * rows / lanes, hi = (j + 1) * rows / lanes;
+  float2 acc = make_float2(0.f, 0.f);
+#pragma unroll 8
+  for (int t = lo; t < hi; ++t) {
+    const float2 v = __ldcg(p + static_cast<int64_t>(t) * width + col);
+    acc.x += v.x;
+    acc.y += v.y;
+  }
+  for (int o = lanes / 2; o > 0; o >>= 1) {
+    acc.x += __shfl_xor_sync(kFull, acc.x, o);
+    acc.y += __shfl_xor_sync(kFull, acc.y, o);
+  }
+  return acc;
+}
+
+// The last member of a task: channel sums over the task's tiles, the groups' sums, and, for the
+// last sample of the window to finish, dweight and dbias of the window's channels.
+template <typename T>
+__device__ void bwd_combine_task(const GnArgs& a, int64_t task, const TaskSmem<T>& sm) {
+  const int width = static_cast<int>(a.window);
+  const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
+  const int lanes = combine_lanes(width);
+  const int j = threadIdx.x % lanes;
+  float2* sums = channel_sums(a) + n * a.c + c0;
+  for (int base = 0; base < width; base += kThreads / lanes) {
+    const int c = base + threadIdx.x / lanes;
+    const float2 acc = column_sum(bwd_partials(a, task), width, static_cast<int>(a.tiles_per_task),
+                                  min(c, width - 1), lanes, j);
+    if (c < width && j == 0) {
+      sm.chan[c] = acc;
+      sums[c] = acc;
+    }
+  }
+  __syncthreads();
+  const int cpg = channels_per_group(a);
+  for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
+    float2 acc = make_float2(0.f, 0.f);
+    for (int k = 0; k < cpg; ++k) {
+      const float w = sm.param[gl * cpg + k].x;
+      const float2 s = sm.chan[gl * cpg + k];
+      acc.x = fmaf(w, s.x, acc.x);
+      acc.y = fmaf(w, s.y, acc.y);
+    }
+    group_sums(a)[task_group0(a, task) + gl] = acc;
+  }
+  if (a.dweight == nullptr && a.dbias == nullptr) return;
+  const int64_t column = task % windows_per_sample(a);  // the window's task in sample 0 counts samples
+  if (!arrive(columns(a, column), static_cast<unsigned>(a.n))) return;
+  for (int c = threadIdx.x; c < width; c += kThreads) {
+    float2 acc = make_float2(0.f, 0.f);
+    for (int64_t m = 0; m < a.n; ++m) {
+      const float2 v = __ldcg(channel_sums(a) + m * a.c + c0 + c);
+      acc.x += v.x;
+      acc.y += v.y;
+    }
+    if (a.dbias != nullptr) a.dbias[c0 + c] = acc.x;
+    if (a.dweight != nullptr) a.dweight[c0 + c] = acc.y;
+  }
+}
+
+// dx = rstd * (w * dz - (A + xhat * B) / M) for this thread's rows of one chunk pair.
+template <typename T, int V, bool kSilu>
+__device__ __forceinline__ void apply_rows_bwd(const T* sx, const T* sd, int sstep, T* out, int64_t ystep,
+                                               int rows_threads, int limit, const BwdCoefs<V>& k,
+                                               const float (&ka)[V], const float (&kb)[V]) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
+  int r = 0;
+#pragma unroll 2  // (six coefficient arrays live: more rows at once spilled on sm_100 / sm_120)
+  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep, out += ystep) {
+    if (r < limit) {
+      const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
+      const Pack<T, V> d = *reinterpret_cast<const Pack<T, V>*>(sd);
+      Pack<T, V> o;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const float xhat = (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
+        const float dz = grad_of_z<kSilu>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
+        o.v[v] = from_float<T>(k.rstd[v] * (dz * k.w[v] - fmaf(xhat, kb[v], ka[v])));
+      }
+      store_pack_streaming<T, V>(out, o);
+    }
+  }
+}
+
+// Writes dx for the tiles [t0, t1) of `task`, chunk pairs read again in reverse order through the
+// ring (the activation a template parameter: one set of live coefficients per instantiation). sm.grp, sm.param and sm.coef (per group (A / M, B / M)) hold the task's values (visible).
+// Returns the number of chunks read.
+template <typename T, int V, bool kSilu>
+__device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
+  const TaskLane lane(a);
+  const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
+  const int64_t base = task_sample(a, task) * a.s * a.c + task_c0(a, task);
+  const T* x = static_cast<const T*>(a.x) + base;
+  const T* dy = static_cast<const T*>(a.dy) + base;
+  T* dx = static_cast<T*>(a.out) + base;
+  const BwdCoefs<V> k(a, sm.grp, sm.param, lane.col);
+  float ka[V], kb[V];
+  {
+    const int cpg = channels_per_group(a);
+    const int c = lane.col * V;
+    int g = c / cpg, in_group = c - g * cpg;
+#pragma unroll
+    for (int v = 0; v < V; ++v, ++in_group) {
+      if (in_group == cpg) {
+        ++g;
+        in_group = 0;
+      }
+      const float2 q = sm.coef[min(g, groups_per_window(a) - 1)];
+      ka[v] = q.x;
+      kb[v] = q.y;
+    }
+  }
+  const int slots = a.slots;
+  const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
+  const int rt = a.rows_threads;
+  const int sstep = rt * static_cast<int>(a.window);
+  const int64_t gstep = static_cast<int64_t>(rt) * a.c;
+  T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
+  auto read_into = [&](int q, int slot) {
+    if (q >= 0 && lane.active) {
+      const int64_t off = tc.offset(q);
+      const int limit = tc.limit(q);
+      T* s = mine + slot * sm.slot_elems;
+      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
+      copy_rows<T, V>(dy + off, gstep, s + sm.tensor_elems, sstep, rt, limit);
+    }
+  };
+  const int last_slot = chunks > 0 ? (chunks - 1) % slots : 0;
+  for (int i = 0, slot = last_slot; i < slots; ++i, slot = prev_slot(slot, slots)) {
+    read_into(chunks - 1 - i, slot);
+    cp_async_commit();
+  }
+  int use_slot = last_slot;
+  for (int q = chunks - 1; q >= 0; --q) {
+    cp_async_wait(slots - 1);
+    if (lane.active) {
+      const T* s = mine + use_slot * sm.slot_elems;
+      apply_rows_bwd<T, V, kSilu>(s, s + sm.tensor_elems, sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);
+    }
+    read_into(q - slots, use_slot);  // lives in the slot this thread just consumed
+    cp_async_commit();
+    use_slot = prev_slot(use_slot, slots);
+  }
+  __syncthreads();  // sm.* are rewritten for the next task
+  return chunks;
 }
 
 }  // namespace gn

@@ -126,7 +126,7 @@ def test_plans_grid_and_workspace() -> None:
     assert two.teams is not None and two.grid == two.teams.teams * two.teams.team_size <= 264
     assert two.teams.overflow_chunks == 0 and two.slots == 6
     assert one.workspace_floats == {"partials": 2 * t.tasks * t.groups_per_window * t.tiles_per_task}
-    assert one.sync_words == 2 + 2 * t.tasks
+    assert one.sync_words == 2 + 3 * t.tasks
     with pytest.raises(ValueError):
         schedule.make_task_plan(t, 1, 0, residency=264)
     with pytest.raises(ValueError):
@@ -179,3 +179,27 @@ def test_auto_schedule_is_one_pass_only_when_everything_fits_in_one_round(shape,
     slots = schedule.task_slots(t, schedule.task_smem_budget(profiles.get_profile("H200")))
     assert schedule.choose_task_schedule(t, 264, slots) == expected
     assert schedule.choose_task_schedule(t, 0, slots) == 2
+
+
+def test_backward_plans_are_two_pass_with_their_workspace_and_two_tensors_per_slot() -> None:
+    fwd = schedule.task_tiling(128, 32, 65536, 2, "fwd", batch=32)
+    bwd = schedule.task_tiling(128, 32, 65536, 2, "bwd", batch=32)
+    # x and dy share a slot: a slot holds two chunks, the fixed part is the forward's
+    assert schedule.task_smem_bytes(bwd, 3) - schedule.task_smem_bytes(bwd, 0) == 2 * 3 * bwd.chunk_bytes
+    assert schedule.task_smem_bytes(bwd, 0) == schedule.task_smem_bytes(fwd, 0)
+    assert schedule.choose_task_schedule(bwd, 264, 3) == 2
+    with pytest.raises(ValueError, match="one-pass"):
+        schedule.make_task_plan(bwd, 1, 3, residency=264)
+    p = schedule.make_task_plan(bwd, 2, 3, residency=264)
+    assert p.workspace_floats == {
+        "partials": 2 * bwd.tasks * bwd.tiles_per_task * bwd.window,
+        "channel_sums": 2 * 32 * 128,
+        "group_sums": 2 * 32 * 32,
+    }
+    assert p.sync_words == 2 + 3 * bwd.tasks and p.reread_tiles == 0
+
+
+def test_sync_words_per_task_match_the_kernels() -> None:
+    text = (Path(__file__).resolve().parents[1] / "csrc" / "gn_tasks.cuh").read_text()
+    words = int(re.search(r"constexpr int kSyncWordsPerTask = (\d+);", text).group(1))
+    assert words == schedule.SYNC_WORDS_PER_TASK

@@ -20,11 +20,11 @@ from gn_module import _abi, build, schedule
 from gn_module.schedule import KernelResources, Plan, Tiling
 
 ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
-#: Kernel architecture of the forward: "tiles" (tile partials + reduction levels, the proven path
-#: and default) or "tasks" (csrc/gn_tasks.cuh: per-task tiles kept in shared memory; opt-in until
-#: the GPU suite has passed on it).
+#: Kernel architecture: "tiles" (tile partials + reduction levels, the proven path and default),
+#: "tasks" (the forward on csrc/gn_tasks.cuh: per-task tiles kept in shared memory; opt-in until
+#: the GPU suite has passed on it) or "tasks+bwd" (the backward too, two-pass; not yet validated).
 ENV_ARCH = "GN_ARCH"
-ARCHS = ("tiles", "tasks")
+ARCHS = ("tiles", "tasks", "tasks+bwd")
 
 # Caps and variants are process-wide (not thread-local): autograd runs backward on its own thread.
 _settings_lock = threading.Lock()
@@ -339,8 +339,12 @@ def task_plan(
     aligned: bool = True,
     cap: int | None = None,
 ) -> schedule.TaskPlan | None:
-    """The task-architecture plan for this device, or None where the task kernels do not apply."""
-    if direction != "fwd":
+    """The task-architecture plan for this device, or None where the task kernels do not apply.
+
+    The backward runs on them only with GN_ARCH=tasks+bwd (not yet validated on a GPU) and only
+    two-pass: passes=1 keeps the tile kernels' one-pass backward there.
+    """
+    if direction == "bwd" and (current_arch() != "tasks+bwd" or schedule_ == 1):
         return None
     n, s, c = _nsc(shape)
     name = _dtype_name(dtype)
@@ -383,7 +387,7 @@ def plan(
             "gn_module.plan(): needs a CUDA device (it asks the device for its SM count and kernel "
             f"occupancy), and torch sees none (torch {torch.__version__}, CUDA {torch.version.cuda})"
         )
-    if current_arch() == "tasks":
+    if current_arch() != "tiles":
         tp = task_plan(shape, num_groups, dtype, direction, schedule_, device, aligned=aligned, cap=cap)
         if tp is not None:
             return tp  # type: ignore[return-value]
@@ -407,6 +411,18 @@ def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def _workspace_offsets(a: _abi.GnArgs, floats: dict[str, int]) -> None:
+    """Float offsets of the workspace regions, in the plan's order (schedule.workspace_layout)."""
+    offsets, total = {}, 0
+    for region, size in floats.items():
+        offsets[region] = total
+        total += size
+    a.off_partials = offsets["partials"]
+    a.off_level = offsets.get("level", 0)
+    a.off_channel_sums = offsets.get("channel_sums", 0)
+    a.off_group_sums = offsets.get("group_sums", 0)
 
 
 def _args(
@@ -436,17 +452,11 @@ def _args(
         a.channels_per_group, a.groups_per_window = t.channels // t.groups, t.groups_per_window
         a.windows_per_sample, a.chunks_per_tile = t.channels // t.window, t.chunks_per_tile
         a.rows_per_tile, a.tiles_per_slice, a.col_chunks = t.rows_per_tile, t.tiles_per_task, 1
+        _workspace_offsets(a, p.workspace_floats)
         return a
     a.arch = 1
     a.rows_per_tile, a.tiles_per_slice, a.col_chunks = t.rows_per_tile, t.tiles_per_slice, t.col_chunks
-    offsets, total = {}, 0
-    for region, floats in p.workspace_floats.items():
-        offsets[region] = total
-        total += floats
-    a.off_partials = offsets["partials"]
-    a.off_level = offsets.get("level", 0)
-    a.off_channel_sums = offsets.get("channel_sums", 0)
-    a.off_group_sums = offsets.get("group_sums", 0)
+    _workspace_offsets(a, p.workspace_floats)
     levels = t.level_tiles
     if len(levels) > _abi.MAX_LEVELS:
         raise RuntimeError(f"gn_module: {t.tiles_per_slice} tiles per slice need too many reduction levels")

@@ -381,6 +381,8 @@ TASK_BLOCKS_PER_SM = 2
 ROUND_OVERHEAD_CHUNKS = 1
 #: Slots `choose_teams` assumes for the two-pass schedule, whose members keep nothing on chip.
 TWO_PASS_NO_OVERFLOW = 1 << 30
+#: Synchronisation words per task (csrc kSyncWordsPerTask): arrivals, flag, column count.
+SYNC_WORDS_PER_TASK = 3
 
 
 def _lcm(a: int, b: int) -> int:
@@ -497,12 +499,14 @@ def task_tiling(
 
 
 def task_smem_bytes(t: TaskTiling, slots: int) -> int:
-    """Dynamic shared memory of the task kernels (csrc TaskSmem): chunk slots, the column scratch
-    (float2 per thread row and column), per-channel totals and (weight, bias), per-group (mean, rstd)."""
+    """Dynamic shared memory of the task kernels (csrc TaskSmem): chunk slots (x, and dy in the
+    backward), the column scratch (float2 per thread row and column), per-channel totals and
+    (weight, bias), per-group (mean, rstd) and backward coefficients."""
     width = t.cols_threads * t.vec
-    # finish_tile folds a warp's rows first when a warp holds whole rows (32 % columns == 0)
+    # fold_channels folds a warp's rows first when a warp holds whole rows (32 % columns == 0)
     scratch = (THREADS // 32 if 32 % t.cols_threads == 0 else t.rows_threads) * width * 8
-    return slots * t.chunk_bytes + scratch + 2 * width * 8 + t.groups_per_window * 8
+    tensors = TENSORS_ON_CHIP[t.direction]
+    return slots * tensors * t.chunk_bytes + scratch + 2 * width * 8 + 2 * t.groups_per_window * 8
 
 
 def task_slots(t: TaskTiling, smem_budget: int) -> int:
@@ -575,7 +579,7 @@ def choose_task_schedule(t: TaskTiling, blocks: int, slots: int) -> int:
     everything in one round (16 MiB and below), and 5-36 % slower once a team needs several rounds
     (their phases do not overlap: 32x128x256x256, 1x512x256x256) or overflows (1x128x1024x2048).
     """
-    if blocks < 1:
+    if blocks < 1 or t.direction == "bwd":  # the backward has no one-pass task kernel yet
         return 2
     teams = choose_teams(t, blocks, slots)
     return 1 if teams.rounds == 1 and teams.overflow_chunks == 0 else 2
@@ -636,8 +640,9 @@ class TaskPlan:
 
     @property
     def sync_words(self) -> int:
-        """Persistent synchronisation words: epoch, exits, then an (arrivals, flag) pair per task."""
-        return 2 + 2 * self.tiling.tasks
+        """Persistent synchronisation words: epoch, exits, then (arrivals, flag, column count) per task
+        (csrc kSyncWordsPerTask)."""
+        return 2 + SYNC_WORDS_PER_TASK * self.tiling.tasks
 
     @property
     def workspace_bytes(self) -> int:
@@ -665,16 +670,27 @@ def make_task_plan(
         raise ValueError(f"residency cap must be >= 1, got {cap}")
     if not 1 <= slots <= MAX_SLOTS:
         raise ValueError(f"slots must be in 1..{MAX_SLOTS}, got {slots}")
-    partials = 2 * t.tasks * t.groups_per_window * t.tiles_per_task
+    if t.direction == "bwd" and schedule == 1:
+        raise ValueError("the task backward has no one-pass kernel yet")
+    if t.direction == "fwd":  # (sum, sum of squares) per (task, group of the window, tile)
+        workspace = {"partials": 2 * t.tasks * t.groups_per_window * t.tiles_per_task}
+    else:  # (sum dz, sum dz * xhat) per (task, tile, channel), per (sample, channel), per (sample, group)
+        workspace = {
+            "partials": 2 * t.tasks * t.tiles_per_task * t.window,
+            "channel_sums": 2 * t.batch * t.channels,
+            "group_sums": 2 * t.batch * t.groups,
+        }
     if schedule == 1:
         blocks = residency if cap is None else min(residency, cap)
         if blocks < 1:
             raise ValueError("the one-pass schedule needs at least one resident block")
         teams = choose_teams(t, blocks, slots)
     else:
-        # the same persistent teams, one wave of blocks; nobody waits, so no cap applies and
-        # nothing is kept on chip (every chunk is read twice by design: no overflow to weigh)
-        teams = choose_teams(t, max(1, residency), TWO_PASS_NO_OVERFLOW)
+        # the same persistent teams, one wave of blocks (or the cap's: nobody waits, so any grid
+        # works, and a cap varies it in tests); nothing is kept on chip (every chunk is read twice
+        # by design: no overflow to weigh)
+        blocks = max(1, residency if cap is None else min(residency, cap))
+        teams = choose_teams(t, blocks, TWO_PASS_NO_OVERFLOW)
     grid = teams.teams * teams.team_size
     return TaskPlan(
         tiling=t,
@@ -684,5 +700,5 @@ def make_task_plan(
         cap=cap,
         grid=grid,
         teams=teams,
-        workspace_floats={"partials": partials},
+        workspace_floats=workspace,
     )
