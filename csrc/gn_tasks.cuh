@@ -498,22 +498,33 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   return chunks;
 }
 
+// The window-local group of each of a thread's V channels (column `col`; the last group for
+// channels past the window): one division, then stepped.
+template <int V>
+__device__ __forceinline__ void column_groups(const GnArgs& a, int col, int (&g)[V]) {
+  const int cpg = channels_per_group(a), last = groups_per_window(a) - 1;
+  const int c = col * V;
+  int q = c / cpg, in_group = c - q * cpg;
+#pragma unroll
+  for (int v = 0; v < V; ++v, ++in_group) {
+    if (in_group == cpg) {
+      ++q;
+      in_group = 0;
+    }
+    g[v] = min(q, last);
+  }
+}
+
 // The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory.
 template <int V>
 struct ApplyCoefs {
   float mean[V], scale[V], beta[V];
   __device__ ApplyCoefs(const GnArgs& a, const float2* grp, const float2* param, int col) {
-    const int cpg = channels_per_group(a);
-    const int c = col * V;  // the group of channel c + v, stepped: one division
-    int g = c / cpg, in_group = c - g * cpg;
+    int g[V];
+    column_groups<V>(a, col, g);
 #pragma unroll
-    for (int v = 0; v < V; ++v, ++in_group) {
-      if (in_group == cpg) {
-        ++g;
-        in_group = 0;
-      }
-      const int cl = min(c + v, static_cast<int>(a.window) - 1);
-      const float2 st = grp[min(g, groups_per_window(a) - 1)], pr = param[cl];
+    for (int v = 0; v < V; ++v) {
+      const float2 st = grp[g[v]], pr = param[min(col * V + v, static_cast<int>(a.window) - 1)];
       mean[v] = st.x;
       scale[v] = st.y * pr.x;
       beta[v] = pr.y;
@@ -622,17 +633,12 @@ template <int V>
 struct BwdCoefs {
   float mean[V], rstd[V], w[V], b[V];
   __device__ BwdCoefs(const GnArgs& a, const float2* grp, const float2* param, int col) {
-    const int cpg = channels_per_group(a);
-    const int c = col * V;  // the group of channel c + v, stepped: one division
-    int g = c / cpg, in_group = c - g * cpg;
+    int g[V];
+    column_groups<V>(a, col, g);
 #pragma unroll
-    for (int v = 0; v < V; ++v, ++in_group) {
-      if (in_group == cpg) {
-        ++g;
-        in_group = 0;
-      }
-      const float2 st = grp[min(g, groups_per_window(a) - 1)];
-      const float2 pr = param[min(c + v, static_cast<int>(a.window) - 1)];
+    for (int v = 0; v < V; ++v) {
+      const float2 st = grp[g[v]];
+      const float2 pr = param[min(col * V + v, static_cast<int>(a.window) - 1)];
       mean[v] = st.x;
       rstd[v] = st.y;
       w[v] = pr.x;
@@ -836,18 +842,12 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   const BwdCoefs<V> k(a, sm.grp, sm.param, lane.col);
   float ka[V], kb[V];
   {
-    const int cpg = channels_per_group(a);
-    const int c = lane.col * V;
-    int g = c / cpg, in_group = c - g * cpg;
+    int g[V];
+    column_groups<V>(a, lane.col, g);
 #pragma unroll
-    for (int v = 0; v < V; ++v, ++in_group) {
-      if (in_group == cpg) {
-        ++g;
-        in_group = 0;
-      }
-      const float2 q = sm.coef[min(g, groups_per_window(a) - 1)];
-      ka[v] = q.x;
-      kb[v] = q.y;
+    for (int v = 0; v < V; ++v) {
+      ka[v] = sm.coef[g[v]].x;
+      kb[v] = sm.coef[g[v]].y;
     }
   }
   const int slots = a.slots;
