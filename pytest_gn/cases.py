@@ -26,6 +26,11 @@ number ``i`` (cells in the order direction, ratio, dtype, act), scope number ``s
 natural 1, profile number p of the full profile list 2 + p) and K kinds. So a scope has as many
 cases as before the kinds existed, every scope meets every kind, and over K scopes every cell
 meets every kind. ``rotate=False`` crosses every kind with every cell instead.
+
+Architectures (``archs``, from ``--gn-arch``): ``tiles`` is the above; ``tasks`` adds the task
+architecture's forward cases (`pytest_gn.tasks`: its own ratio, chunks per member over the slots a
+block keeps), with the same kinds, rotation and scopes, cells (ratio, dtype, act) of the forward only
+(the task kernels have no backward), and capped cells rotating over ``task_caps`` (1, 2, 3).
 """
 
 from __future__ import annotations
@@ -57,7 +62,12 @@ FOREIGN_TILE_ROWS = 512  # foreign kernels without a description: any tile up to
 FOREIGN_PARTIAL_CUT = FOREIGN_TILE_ROWS // 2 - 1
 VARIANTS = ("capped", "natural")
 MARKER_KWARGS = {"dtypes", "acts", "directions", "shapes", "channels", "groups", "ratios", "variants", "cap",
-                 "geometries", "rotate", "over_2_31"}  # fmt: skip
+                 "geometries", "rotate", "over_2_31", "task_caps"}  # fmt: skip
+#: Forward kernel architectures the cases can validate (``--gn-arch``): gn_module's default tile
+#: kernels, and the task kernels (GN_ARCH=tasks, forward only).
+ARCHS = ("tiles", "tasks")
+#: Caps the capped task cases rotate over (`pytest_gn.tasks`).
+DEFAULT_TASK_CAPS = (1, 2, 3)
 
 
 class CaseUnavailable(RuntimeError):
@@ -103,11 +113,12 @@ class CaseSpec:
     profile: str | None = None  # emulated GPU profile (arch sweep)
     schedule: str = "onepass"
     geometry: str = "even"
+    arch: str = "tiles"  # "tasks": the task architecture's forward (GN_ARCH=tasks)
 
     @property
     def id(self) -> str:
         parts = [self.profile] if self.profile else []
-        parts += [self.direction, self.schedule]
+        parts += [self.direction, "tasks" if self.arch == "tasks" else self.schedule]
         if self.variant == "capped":
             parts.append(f"cap{self.cap}")
         parts += [BIG if self.big else self.ratio.label, self.dtype, self.act or "noact"]
@@ -140,17 +151,27 @@ class CaseSpec:
     @property
     def config(self) -> str:
         """Kernel configuration of the one-pass launch, named as `gn_module.resources` names it."""
+        if self.arch == "tasks":
+            t = schedule.task_tiling(self.channels, self.groups, 1 << 30, self.itemsize, "fwd")
+            return task_config(self.torch_dtype, t.vec if t is not None else 1)
         return onepass_config(self.direction, self.torch_dtype, self.tiling().vec)
 
     def labels(self) -> dict[str, Any]:
         """What the summary needs to place the case before it is resolved (xdist-safe, JSON)."""
         return {"id": self.id, "profile": self.profile, "variant": self.variant, "geometry": self.geometry,
-                "direction": self.direction, "c": self.channels, "g": self.groups}  # fmt: skip
+                "direction": self.direction, "c": self.channels, "g": self.groups,
+                "arch": self.arch}  # fmt: skip
 
 
 def onepass_config(direction: str, dtype: str, vec: int) -> str:
     short = {v: k for k, v in DTYPES.items()}[dtype]
     return f"{direction}_onepass[{short},vec{vec}]"
+
+
+def task_config(dtype: str, vec: int) -> str:
+    """The task architecture's one-pass kernel configuration (``fwd_task_onepass[fp16,vec8]``)."""
+    short = {v: k for k, v in DTYPES.items()}[dtype]
+    return f"fwd_task_onepass[{short},vec{vec}]"
 
 
 def _as_tuple(value: Any) -> tuple:
@@ -188,6 +209,7 @@ def specs_from_marker(
     foreign: bool = False,
     default_shapes: Sequence[tuple[int, int]] | None = None,
     profile_numbers: Mapping[str, int] | None = None,
+    archs: Sequence[str] = ("tiles",),
 ) -> list[CaseSpec]:
     """Cases of one ``@pytest.mark.overflow_grid(...)``; raises ValueError on a bad argument.
 
@@ -196,9 +218,12 @@ def specs_from_marker(
     "batch"), ratios ("x1", "x1p1", "x2p1", "x4p3"), variants ("capped", "natural"), cap (the
     capped variant's residency, default 3), rotate (default True: one kind per cell and scope,
     see the module docstring), over_2_31 (default False: add one case per direction over 2**31
-    elements, natural only). `profiles` adds each emulated profile's cases (arch sweep);
-    `profile_numbers` gives each profile's number for the rotation (default: its position).
-    `default_shapes` replaces DEFAULT_SHAPES when the marker names no shapes (--gn-shapes).
+    elements, natural only), task_caps (default (1, 2, 3): the caps the capped task cases rotate
+    over). `profiles` adds each emulated profile's cases (arch sweep); `profile_numbers` gives each
+    profile's number for the rotation (default: its position). `default_shapes` replaces
+    DEFAULT_SHAPES when the marker names no shapes (--gn-shapes). `archs` (--gn-arch): "tiles" for
+    the tile architecture's cases, "tasks" for the task architecture's forward cases (gn_module
+    only: none for a foreign implementation).
     """
     unknown = set(kwargs) - MARKER_KWARGS
     if unknown:
@@ -213,6 +238,7 @@ def specs_from_marker(
     cap = kwargs.get("cap", DEFAULT_CAP)
     rotate = kwargs.get("rotate", True)
     big = kwargs.get("over_2_31", False)
+    task_caps = _as_tuple(kwargs.get("task_caps", DEFAULT_TASK_CAPS))
     if "shapes" in kwargs:
         shapes = [tuple(s) for s in kwargs["shapes"]]
     elif "channels" in kwargs or "groups" in kwargs:
@@ -232,6 +258,11 @@ def specs_from_marker(
         raise ValueError(f"overflow_grid acts={acts!r}: expected 'silu' or None")
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
         raise ValueError(f"overflow_grid cap must be an int >= 1, got {cap!r}")
+    if not task_caps or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in task_caps):
+        raise ValueError(f"overflow_grid task_caps must be ints >= 1, got {task_caps!r}")
+    bad_archs = [a for a in archs if a not in ARCHS]
+    if bad_archs or not archs:
+        raise ValueError(f"architectures {list(archs)!r}: expected values among {list(ARCHS)}")
     for name, flag in (("rotate", rotate), ("over_2_31", big)):
         if not isinstance(flag, bool):
             raise ValueError(f"overflow_grid {name} must be True or False, got {flag!r}")
@@ -250,21 +281,45 @@ def specs_from_marker(
     if not foreign:  # profile emulation (caps, PTX builds) applies to gn_module only
         scopes += [(p, "natural", 2 + numbers.get(p, i)) for i, p in enumerate(profiles)]
     specs = []
+    tiles, tasks = "tiles" in archs, "tasks" in archs and not foreign and "fwd" in directions
+    task_cells = list(product(ratios, dtypes, acts)) if tasks else []
     for profile, variant, number in scopes:
-        for i, (direction, ratio, dtype, act) in enumerate(cells):
+        for i, (direction, ratio, dtype, act) in enumerate(cells if tiles else []):
             chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
             for (c, g), geometry in chosen:
                 specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, cap, profile,
                                       geometry=geometry))  # fmt: skip
+        for i, (ratio, dtype, act) in enumerate(task_cells):
+            chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
+            k = task_caps[i % len(task_caps)] if variant == "capped" else cap
+            for (c, g), geometry in chosen:
+                specs.append(CaseSpec("fwd", ratio, dtype, act, c, g, variant, k, profile, geometry=geometry,
+                                      arch="tasks"))  # fmt: skip
     if big and "natural" in variants:
         dtype = "bf16" if "bf16" in dtypes else dtypes[0]  # the smallest dtype keeps it to seconds
-        for direction in directions:
-            c, g = shapes[0]
+        c, g = shapes[0]
+        for direction in directions if tiles else ():
             specs.append(CaseSpec(direction, Ratio(1), dtype, acts[0], c, g, "natural", cap, geometry=BIG))
+        if tasks:
+            specs.append(CaseSpec("fwd", Ratio(1), dtype, acts[0], c, g, "natural", cap, geometry=BIG,
+                                  arch="tasks"))  # fmt: skip
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):
         raise ValueError("overflow_grid arguments produce duplicate cases (repeated values?)")
     return specs
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """What the task kernels launch with for a task case on the GPU at hand, and its claim: the
+    chunk slots per block and co-resident one-pass blocks there (under the case's build), and the
+    busiest member's chunks per task the ratio gives in the scope's `model_slots` (a profile's
+    slots for a profile case, else the same as `slots`)."""
+
+    slots: int
+    residency: int
+    chunks: int
+    model_slots: int
 
 
 @dataclass(frozen=True)
@@ -280,6 +335,7 @@ class GnCase:
     variant: str | None = None  # build variant ("compute_80") or None for the native build
     notes: tuple[str, ...] = field(default_factory=tuple)
     tile_rows: int | None = None  # rows per tile the tile count is in
+    task: TaskRun | None = None  # task architecture cases: what the launch holds (pytest_gn.tasks)
 
     @property
     def id(self) -> str:
@@ -315,11 +371,15 @@ class GnCase:
         return memory_estimate(self, foreign)
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out = {
             **self.spec.labels(), "shape": list(self.shape), "tiles": self.tiles,
             "residency": self.residency, "grid": self.expected_grid, "overflow": self.overflow_tiles,
             "build": self.variant or "native", "notes": list(self.notes),
         }  # fmt: skip
+        if self.task is not None:
+            out.update(slots=self.task.model_slots, chunks=self.task.chunks,
+                       over=max(0, self.task.chunks - self.task.model_slots))  # fmt: skip
+        return out
 
 
 # ------------------------------------------------------------------ memory
@@ -361,7 +421,8 @@ def memory_estimate(case: GnCase, foreign: bool = False) -> int:
       (and dx); its own temporaries are not ours to know and are not counted;
     - check: the inputs and the checked outputs, plus the largest fp64 reference chunk.
 
-    gn_module's workspace (from the schedule model) comes on top.
+    gn_module's workspace (from the schedule model: the tile plan's, or a task case's partials)
+    comes on top. A task case runs its forward three times but holds two outputs at once, as here.
     """
     e, itemsize = case.numel, case.spec.itemsize
     fwd = case.direction == "fwd"
@@ -377,8 +438,12 @@ def memory_estimate(case: GnCase, foreign: bool = False) -> int:
     total = max(gen, run, check) + FIXED_BYTES
     if not foreign:
         n, c = case.shape[0], case.shape[1]
-        t = schedule.tiling(c, case.num_groups, e // (n * c), itemsize, case.direction, batch=n)
-        total += 4 * sum(schedule.workspace_layout(t, n).values())
+        tt = schedule.task_tiling(c, case.num_groups, e // (n * c), itemsize, "fwd", batch=n)
+        if case.task is not None and tt is not None:
+            total += 4 * sum(schedule.make_task_plan(tt, 2, 1, 1).workspace_floats.values())
+        else:
+            t = schedule.tiling(c, case.num_groups, e // (n * c), itemsize, case.direction, batch=n)
+            total += 4 * sum(schedule.workspace_layout(t, n).values())
     return total
 
 

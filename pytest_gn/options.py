@@ -23,7 +23,15 @@ _SPECS = (
      "overflow_grid marker that names no shapes, e.g. 128:16,100:20. Default: "
      "128:16,100:20,30:10,64:1,32:32"),
     ("--gn-seed", "gn_seed", "N", "base seed of generated inputs. Default: 0"),
+    ("--gn-arch", "gn_arch", "tiles|tasks|both", "forward kernel architecture(s) of gn_module the overflow "
+     "cases validate: tiles (the default kernels, forward and backward), tasks (GN_ARCH=tasks: the task "
+     "kernels' forward cases only, as they have no backward; the ratio counts chunks per block over the "
+     "chunks it keeps in shared memory, capped cases at caps 1, 2, 3), or both. With --gn-arch-sweep the "
+     "profiles get task cases too. Not for --gn-impl. Default: tiles"),
 )  # fmt: skip
+
+#: --gn-arch values and the architectures each selects.
+ARCH_CHOICES = {"tiles": ("tiles",), "tasks": ("tasks",), "both": ("tiles", "tasks")}
 
 DEFAULT_IMPL = "gn_module.functional:group_norm"
 OWN_IMPLS = (DEFAULT_IMPL, "gn_module:group_norm")
@@ -39,6 +47,7 @@ class GnOptions:
     profiles_file: str = ""
     shapes: tuple[tuple[int, int], ...] | None = None  # None: the markers' defaults
     impl_on_command_line: bool = False  # --gn-impl given as an option (not only as an ini key)
+    archs: tuple[str, ...] = ("tiles",)  # --gn-arch: the forward architectures the cases validate
 
     @property
     def foreign(self) -> bool:
@@ -97,6 +106,15 @@ def read_options(config: pytest.Config) -> GnOptions:
         except ValueError as exc:
             raise pytest.UsageError(f"{shapes_from} {exc}") from None
     cap_text, seed_text = str(cap or "").strip(), str(seed or "").strip()
+    arch_text, arch_from = _raw(config, "gn_arch")
+    arch = str(arch_text or "").strip().lower() or "tiles"
+    if arch not in ARCH_CHOICES:
+        raise pytest.UsageError(f"{arch_from} expects one of {', '.join(ARCH_CHOICES)}, got {arch_text!r}")
+    if arch != "tiles" and impl not in OWN_IMPLS:
+        raise pytest.UsageError(
+            f"{arch_from} {arch} selects gn_module's task kernels, which do not apply to --gn-impl {impl}; "
+            "leave it at tiles"
+        )
     return GnOptions(
         arch_sweep=bool(_raw(config, "gn_arch_sweep")[0]),
         profiles=str(_raw(config, "gn_profiles")[0] or "").strip(),
@@ -106,4 +124,5 @@ def read_options(config: pytest.Config) -> GnOptions:
         profiles_file=str(config.getini("gn_profiles_file") or "").strip(),
         shapes=shapes,
         impl_on_command_line=config.getoption("gn_impl", default=None) is not None,
+        archs=ARCH_CHOICES[arch],
     )

@@ -26,12 +26,15 @@ MARKERS = (
     "overflow_grid(dtypes=('fp16','bf16','fp32'), acts=('silu', None), directions=('fwd','bwd'), "
     "shapes=[(128, 16), (100, 20), (30, 10), (64, 1), (32, 32)], geometries=('even','partial','batch'), "
     "ratios=('x1','x1p1','x2p1','x4p3'), variants=('capped','natural'), cap=3, rotate=True, "
-    "over_2_31=False): parametrize the test (through the gn_case fixture) with GroupNorm cases whose "
-    "one-pass grid overflows the residency of this GPU (natural), of a residency cap (capped, cheap) "
-    "and, with --gn-arch-sweep, of every GPU profile. Ratios: tiles = m x residency + k ('x2p1' = 2R+1). "
-    "rotate: each (direction, ratio, dtype, act) cell runs once per scope with one (shape, geometry) "
-    "kind, rotated over cells and scopes; rotate=False crosses every kind with every cell. "
-    "over_2_31: one more case per direction over 2**31 elements (this GPU only).",
+    "over_2_31=False, task_caps=(1, 2, 3)): parametrize the test (through the gn_case fixture) with "
+    "GroupNorm cases whose one-pass grid overflows the residency of this GPU (natural), of a residency "
+    "cap (capped, cheap) and, with --gn-arch-sweep, of every GPU profile. Ratios: tiles = m x residency "
+    "+ k ('x2p1' = 2R+1). rotate: each (direction, ratio, dtype, act) cell runs once per scope with one "
+    "(shape, geometry) kind, rotated over cells and scopes; rotate=False crosses every kind with every "
+    "cell. over_2_31: one more case per direction over 2**31 elements (this GPU only). With --gn-arch "
+    "tasks or both, also the task kernels' forward cases (ids 'fwd-tasks-...'): the busiest block of a "
+    "task reduces m x slots + k chunks, slots being the chunks it keeps in shared memory; their capped "
+    "cases rotate over task_caps.",
     "gn_cuda: the test needs a usable CUDA device; skipped with the reason when there is none.",
 )
 
@@ -194,18 +197,29 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     numbers = {p.name: i for i, p in enumerate(state.profiles)}  # stable whatever --gn-profiles picks
     try:
         specs = specs_from_marker(dict(marker.kwargs), profiles=profiles, foreign=state.opts.foreign,
-                                  default_shapes=state.opts.shapes, profile_numbers=numbers)  # fmt: skip
+                                  default_shapes=state.opts.shapes, profile_numbers=numbers,
+                                  archs=state.opts.archs)  # fmt: skip
     except ValueError as exc:
         raise pytest.UsageError(f"{name}: {exc}") from None
     metafunc.parametrize("gn_case", specs, ids=[s.id for s in specs], indirect=True)
 
 
 #: Suite modules that check gn_module's own kernels (per-arch compile, model vs occupancy API).
-OWN_KERNEL_MODULES = ("test_gn_static.py", "test_gn_selfcheck.py")
+OWN_KERNEL_MODULES = ("test_gn_static.py", "test_gn_selfcheck.py", "test_gn_tasks.py")
+#: The suite's module for the task architecture, collected only with --gn-arch tasks or both.
+TASKS_MODULE = "test_gn_tasks.py"
+#: Suite tests that compare the schedule model with the CUDA occupancy API (the summary's self-check).
+SELFCHECK_TESTS = ("test_gn_model_matches_occupancy_api", "test_gn_task_model_matches_occupancy_api")
 
 
 def _in_suite(item: pytest.Item) -> bool:
     return SUITE_DIR in Path(str(item.path)).resolve().parents
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The suite's task module only with --gn-arch tasks or both."""
+    ours = collection_path.name == TASKS_MODULE and collection_path.parent.resolve() == SUITE_DIR
+    return True if ours and "tasks" not in _state(config).opts.archs else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -247,7 +261,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     spec = getattr(getattr(item, "callspec", None), "params", {}).get("gn_case")
     if isinstance(spec, CaseSpec):  # known before any skip, so the summary counts skipped cases
         item.user_properties.append(("gn_spec", spec.labels()))
-    if _in_suite(item) and Path(str(item.path)).name == "test_gn_selfcheck.py":
+    if _in_suite(item) and getattr(item, "originalname", item.name) in SELFCHECK_TESTS:
         item.user_properties.append(("gn_selfcheck", True))
     if item.get_closest_marker("gn_cuda") or item.get_closest_marker("overflow_grid"):
         _, reason = _state(item.config).device(with_residency=False)
@@ -264,9 +278,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         device, reason = state.device()
     except Exception as exc:  # never let the header break a session
         device, reason = None, f"{type(exc).__name__}: {exc}"
-    return header_lines(
-        opts.impl, opts.seed, opts.max_resident, device, reason, state.selected, opts.arch_sweep, opts.shapes
-    )
+    return header_lines(opts.impl, opts.seed, opts.max_resident, device, reason, state.selected,
+                        opts.arch_sweep, opts.shapes, opts.archs)  # fmt: skip
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -316,11 +329,13 @@ def gn_impl(pytestconfig: pytest.Config) -> Callable[..., Any]:
 def gn_case(request: pytest.FixtureRequest) -> Iterator[GnCase]:
     """The overflow case of a test marked ``overflow_grid`` (a `pytest_gn.cases.GnCase`):
     ``shape`` (N, C, H, W; use channels_last), ``num_groups``, ``dtype``, ``act``,
-    ``direction``, ``tiles``, ``residency``, ``expected_grid``, ``overflow_tiles``. While the test
-    runs, the case's residency cap (and, in the arch sweep, the PTX build of the profile's arch)
-    is in force. Skips when the case does not fit in the device's free memory
-    (``bytes_needed()``), when its geometry has no shape, or when the implementation's
-    description says the shape is not supported."""
+    ``direction``, ``tiles``, ``residency``, ``expected_grid``, ``overflow_tiles`` (a task
+    architecture case, ``--gn-arch tasks``, also ``task``: the slots and residency its launch
+    holds and the busiest member's chunks). While the test runs, the case's residency cap (and, in
+    the arch sweep, the PTX build of the profile's arch) is in force, and for gn_module's own cases
+    its architecture (GN_ARCH=tasks for a task case, tiles otherwise). Skips when the case does not
+    fit in the device's free memory (``bytes_needed()``), when its geometry has no shape, or when
+    the implementation's description says the shape is not supported."""
     spec = getattr(request, "param", None)
     if not isinstance(spec, CaseSpec):
         pytest.fail("gn_case is provided by @pytest.mark.overflow_grid", pytrace=False)
@@ -333,7 +348,7 @@ def gn_case(request: pytest.FixtureRequest) -> Iterator[GnCase]:
     request.node.user_properties.append(("gn_case", case.summary()))
     _ensure_memory(case, case.bytes_needed(state.opts.foreign), device)
     try:
-        with case_context(case):
+        with case_context(case, own=not state.opts.foreign):
             yield case
     finally:
         if spec.big:  # give tens of GiB back at once: other xdist workers share the GPU

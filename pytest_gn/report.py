@@ -50,8 +50,13 @@ def local_kind(case: dict[str, Any]) -> str:
 def header_lines(
     impl: str, seed: int, cap: int | None, device: GnDevice | None, reason: str | None,
     profiles: Iterable[DeviceLimits], sweep: bool, shapes: tuple[tuple[int, int], ...] | None = None,
+    archs: tuple[str, ...] = ("tiles",),
 ) -> list[str]:  # fmt: skip
     lines = [f"gn: impl {impl}, seed {seed}" + (f", one-pass residency capped at {cap}" if cap else "")]
+    if archs != ("tiles",):
+        flag = "both" if len(archs) > 1 else archs[0]
+        also = " and the tile kernels' cases" if "tiles" in archs else "; no tile kernel cases"
+        lines.append(f"gn: --gn-arch={flag}: task kernel forward cases (GN_ARCH=tasks){also}")
     if shapes:
         lines.append("gn: overflow shapes (C:G) " + ",".join(f"{c}:{g}" for c, g in shapes))
     if device is None:
@@ -97,6 +102,10 @@ def scope_lines(tally: Tally) -> list[str]:
         parts = ", ".join(
             f"{families[k]} {k}" for k in ("natural", "capped", "over 2**31 elements") if families[k]
         )
+        tasks = sum(1 for i in tally.outcomes if not tally.cases[i].get("profile")
+                    and tally.cases[i].get("arch") == "tasks")  # fmt: skip
+        if tasks:
+            parts += f"; {tasks} of them task kernel cases"
         lines.append(f"  {LOCAL}: {sum(local.values())} ({parts}): {_outcomes(local)}")
     prof = tally.counts(lambda s: bool(s.get("profile")))
     if prof:
@@ -105,6 +114,22 @@ def scope_lines(tally: Tally) -> list[str]:
         per = f"{each[0]} each" if len(each) == 1 else "see the matrix"
         lines.append(f"  profiles: {sum(prof.values())} ({len(names)} profiles, {per}): {_outcomes(prof)}")
     return lines
+
+
+def task_lines(tally: Tally) -> list[str]:
+    """The task architecture's cases: how many ran, how many re-read chunks, the heaviest."""
+    ran = [
+        case
+        for case in (tally.cases[i] for i, o in tally.outcomes.items() if o in ("passed", "failed"))
+        if case.get("arch") == "tasks" and "chunks" in case
+    ]
+    if not ran:
+        return []
+    worst = max(ran, key=lambda s: s["chunks"] / max(1, s["slots"]))
+    over = sum(1 for s in ran if s["over"] > 0)
+    return [f"task cases (GN_ARCH=tasks): {len(ran)} run, {over} with members over their slots (chunks read "
+            f"twice); heaviest: {worst['id']}: busiest member {worst['chunks']} chunks per task over "
+            f"{worst['slots']} slots"]  # fmt: skip
 
 
 def memory_lines(tally: Tally) -> list[str]:
@@ -134,8 +159,9 @@ def overflow_lines(tally: Tally) -> list[str]:
     ran = [
         tally.cases[i]
         for i, o in tally.outcomes.items()
-        if o in ("passed", "failed") and "tiles" in tally.cases[i]
+        if o in ("passed", "failed") and "tiles" in tally.cases[i] and tally.cases[i].get("arch") != "tasks"
     ]
+    lines += task_lines(tally)
     if ran:
         worst = max(ran, key=lambda s: s["tiles"] / max(1, s.get("grid") or s["residency"]))
         grid = worst.get("grid") or worst["residency"]

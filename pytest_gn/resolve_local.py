@@ -47,6 +47,8 @@ def _resolve(spec: CaseSpec, state: Any, device: Any, config: pytest.Config | No
     from gn_module import ops
 
     index, dtype = device.index, spec.torch_dtype
+    if spec.arch == "tasks":
+        return _resolve_task(spec, state, device)
     if spec.profile is not None:
         static = state.sweep.static(spec.profile)
         if static.report is None:
@@ -64,3 +66,36 @@ def _resolve(spec: CaseSpec, state: Any, device: Any, config: pytest.Config | No
     if spec.variant == "capped":
         cap = spec.cap if cap is None else min(cap, spec.cap)
     return resolve(spec, lambda t: ops.onepass_residency(t, dtype, index), cap=cap)
+
+
+def task_model_of_device(dtype: str, index: int, variant: str | None = None) -> Any:
+    """This GPU's (slots, residency) of the task kernels for a task tiling, as gn_module launches
+    them (`ops.task_plan`: slots from the device's shared memory, blocks from the occupancy API under
+    the build `variant`): a `pytest_gn.tasks.TaskModel`."""
+    from gn_module import ops
+
+    def model(t: Any) -> tuple[int, int]:
+        with ops.build_variant(variant):
+            p = ops.task_plan((t.batch, t.channels, t.rows), t.groups, dtype, "fwd", 2, index)
+        return (0, 0) if p is None else (p.slots, p.residency)
+
+    return model
+
+
+def _resolve_task(spec: CaseSpec, state: Any, device: Any) -> GnCase:
+    """A task case: this GPU's slots and residency (natural; capped at the case's cap), or a
+    profile's modelled ones with the grid capped at the profile's residency. ``--gn-max-resident``
+    lowers this GPU's cases' cap further."""
+    from pytest_gn.tasks import resolve_task
+
+    dtype, index = spec.torch_dtype, device.index
+    if spec.profile is not None:
+        static = state.sweep.static(spec.profile)
+        if static.report is None:
+            pytest.skip(f"profile {spec.profile}: {static.error}")
+        variant = ptx_variant(static.profile, device.cc)
+        return state.sweep.resolve_task_case(spec, device, task_model_of_device(dtype, index, variant))
+    cap = state.opts.max_resident
+    if spec.variant == "capped":
+        cap = spec.cap if cap is None else min(cap, spec.cap)
+    return resolve_task(spec, task_model_of_device(dtype, index), cap=cap)

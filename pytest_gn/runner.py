@@ -4,7 +4,11 @@
 (y), a ``bwd`` case runs forward and backward and checks the gradients (dx, dweight, dbias), so
 a forward that fails and a backward that is right show up as such. For gn_module it also reads
 back the launch (grid and tiles visited must match the schedule model) and checks that the
-one-pass results are bitwise equal to the two-pass ones. A foreign implementation runs in
+one-pass results are bitwise equal to the two-pass ones. A task architecture case (``fwd-tasks-...``,
+GN_ARCH=tasks in force) runs the forward three times with outputs and workspace poisoned: one-pass
+under the case's cap, one-pass under another cap and two-pass; all must be bitwise equal, the first
+must match the fp64 reference, and each launch record must show the model's plan: its grid, every tile
+reduced and applied, and the chunks it re-reads. A foreign implementation runs in
 `python -m pytest_gn.child` so that an abort (a device assert, a segfault) becomes a failed case
 carrying its stderr and the phase it died in; a NotImplementedError it raises is its documented
 "not supported" signal and skips the case with its message.
@@ -15,13 +19,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pytest_gn.cases import CaseSpec, GnCase, Ratio
+from pytest_gn.cases import CaseSpec, GnCase, Ratio, TaskRun
 
 RESULT_TAG = "GN-CHILD-RESULT "
 PHASE_TAG = "GN-CHILD-PHASE "
@@ -76,15 +81,39 @@ def load_impl(spec: str) -> Callable[..., Any]:
     return obj
 
 
+#: gn_module's switch of the forward architecture (gn_module.ops.ENV_ARCH; not imported: torch).
+ENV_ARCH = "GN_ARCH"
+
+
 @contextlib.contextmanager
-def case_context(case: GnCase) -> Iterator[None]:
-    """Apply the case's residency cap and build variant (gn_module only)."""
-    if case.cap is None and case.variant is None:
+def arch_env(arch: str) -> Iterator[None]:
+    """GN_ARCH=`arch` inside the block (gn_module reads it on every call), restored afterwards."""
+    old = os.environ.get(ENV_ARCH)
+    os.environ[ENV_ARCH] = arch
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_ARCH, None)
+        else:
+            os.environ[ENV_ARCH] = old
+
+
+@contextlib.contextmanager
+def case_context(case: GnCase, own: bool = True) -> Iterator[None]:
+    """Apply the case's residency cap and build variant and, for gn_module's own cases (`own`), its
+    forward architecture: GN_ARCH=tasks for a task case, tiles otherwise (whatever the environment
+    says, so a tile case never runs the task kernels)."""
+    if not own:
         yield
         return
-    from gn_module import ops
-
     with contextlib.ExitStack() as stack:
+        stack.enter_context(arch_env(case.spec.arch))
+        if case.cap is None and case.variant is None:
+            yield
+            return
+        from gn_module import ops
+
         if case.variant is not None:
             stack.enter_context(ops.build_variant(case.variant))
         if case.cap is not None:
@@ -144,7 +173,9 @@ def check_case(
         base = torch.cuda.memory_allocated(device)
     dtype = getattr(torch, case.dtype)
     inp = ref.make_inputs(case.shape, dtype, device, ref.case_seed(seed, case.id), case.direction == "bwd")
-    if ours:
+    if ours and case.task is not None:
+        got = {"y": _check_task_runs(case, inp, result, enter, device)}
+    elif ours:
         import gn_module
         from gn_module import ops
 
@@ -182,7 +213,67 @@ def check_case(
     return result
 
 
-def _launch_problems(case: GnCase, result: CaseResult) -> list[str]:
+#: The second cap a task case's one-pass forward runs under (the first is the case's own): one block,
+#: which runs every task alone and re-reads the most, or two where the case already has one.
+def other_task_cap(case: GnCase) -> int:
+    return 2 if case.cap == 1 else 1
+
+
+def _check_task_runs(case: GnCase, inp: dict, result: CaseResult, enter: Phase, device: Any) -> Any:
+    """The task case's forward runs (module docstring); problems go to `result`; returns the first y."""
+    import torch
+
+    import gn_module
+    from gn_module import ops
+    from pytest_gn import tasks
+
+    runs = [("one-pass", 1, None), (f"one-pass cap {other_task_cap(case)}", 1, other_task_cap(case)),
+            ("two-pass", 2, None)]  # fmt: skip
+    base = None
+    with case_context(case):
+        for i, (label, passes, extra) in enumerate(runs):
+            with contextlib.ExitStack() as stack:
+                if extra is not None:
+                    stack.enter_context(ops.max_resident_blocks(extra))
+                cap = ops.current_cap()
+                stack.enter_context(ops.poison_outputs())
+                record = stack.enter_context(ops.launch_record())
+                y = _call(gn_module.group_norm, case, inp, enter if i == 0 else lambda _n: None, False,
+                          passes=passes)["y"]  # fmt: skip
+                if i == 0 and case.variant is not None:
+                    result.runtime_arch = ops.runtime_cuda_arch(device)
+            plan = tasks.expected_plan(case, passes, cap)
+            rec = record.get("fwd")
+            result.problems += tasks.record_problems(rec, plan, label)
+            if base is None:
+                base = y
+                result.record = {"fwd": {k: v for k, v in (rec or {}).items() if k != "plan"}}
+                result.problems += _task_claim_problems(case, plan)
+            elif not torch.equal(base, y):
+                diff = (base.double() - y.double()).abs().max().item()
+                result.problems.append(f"y: {label} differs from the first one-pass run (max |diff| "
+                                       f"{diff:.3g}); results must be bitwise identical across caps and "
+                                       "schedules")  # fmt: skip
+            del y
+    result.problems += _launch_problems(case, result, record_checks=False)
+    return base
+
+
+def _task_claim_problems(case: GnCase, plan: Any) -> list[str]:
+    """This GPU's case: the plan that ran gives the busiest member the count the case claims. (A
+    profile's count is its modelled plan's, which this GPU's slots or residency may not reproduce:
+    its notes say what was launched, and the record is checked against that.)"""
+    task = case.task
+    if task is None or case.spec.profile is not None or case.spec.big:
+        return []
+    if plan.teams is None or plan.teams.chunks_per_member != task.chunks:
+        got = plan.teams.chunks_per_member if plan.teams is not None else None
+        return [f"the plan that ran gives its busiest member {got} chunks per task, the case claims "
+                f"{task.chunks} ({case.spec.ratio.label} of {task.slots} slots)"]  # fmt: skip
+    return []
+
+
+def _launch_problems(case: GnCase, result: CaseResult, record_checks: bool = True) -> list[str]:
     problems = []
     if case.variant is not None:
         want = int(case.variant.removeprefix("compute_")) * 10
@@ -190,6 +281,8 @@ def _launch_problems(case: GnCase, result: CaseResult) -> list[str]:
             problems.append(
                 f"build {case.variant} ran with __CUDA_ARCH__={result.runtime_arch}, expected {want}"
             )
+    if not record_checks:
+        return problems
     rec = result.record.get(case.direction)
     if rec is None:
         return [*problems, f"no launch record for the {case.direction} kernel (did the fast path run?)"]
@@ -220,6 +313,8 @@ def case_from_json(data: dict[str, Any]) -> GnCase:
     fields_ = {k: v for k, v in data.items() if k != "spec"}
     fields_["shape"] = tuple(fields_["shape"])
     fields_["notes"] = tuple(fields_["notes"])
+    if fields_.get("task") is not None:
+        fields_["task"] = TaskRun(**fields_["task"])
     return GnCase(spec=CaseSpec(**spec), **fields_)
 
 

@@ -64,9 +64,18 @@ def sweep_lines(state: Any) -> list[str]:
     rows.append(_local_row(state, device))
     lines = [
         "arch sweep (f,b = one-pass forward, backward; fp16, C=128; residency = blocks on the whole GPU; "
-        f"'{LOCAL}' = the natural, capped and over-2**31 cases of the GPU at hand):"
+        f"'{LOCAL}' = the natural, capped and over-2**31 cases of the GPU at hand"
+        + (
+            "; tasks = the task kernels' one-pass forward: chunks a block keeps, blocks on the GPU"
+            if "tasks" in state.opts.archs
+            else ""
+        )
+        + "):"
     ]
-    lines += table(rows, MATRIX_COLUMNS)
+    columns = list(MATRIX_COLUMNS)
+    if "tasks" in state.opts.archs:  # fwd_task_onepass, fp16, C=128: chunk slots per block, resident blocks
+        columns.insert(columns.index("cases"), "tasks slots,res")
+    lines += table(rows, columns)
     total = state.tally.counts()
     lines.append(f"cases column total: {sum(total.values())} = the overflow cases collected")
     lines += [f"compile error: {e}" for e in errors]

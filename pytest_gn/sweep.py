@@ -1,5 +1,10 @@
 """Arch sweep: per GPU profile, compile for its arch, read kernel resources, model residency,
-and turn the profile's overflow cases into concrete ones for the GPU at hand."""
+and turn the profile's overflow cases into concrete ones for the GPU at hand.
+
+The task architecture's profile model (`schedule.task_model`): chunk slots from the profile's shared
+memory split between two blocks per SM (`schedule.task_smem_budget`), blocks per SM from those slots'
+shared memory and the registers ptxas gives ``fwd_task_onepass`` for the profile's arch, times its SMs.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ from dataclasses import dataclass, field
 from gn_module import resources, schedule
 from gn_module.schedule import DeviceLimits
 from pytest_gn.cases import CaseSpec, GnCase, Residency, resolve
-from pytest_gn.device import MAIN_CONFIGS, GnDevice, kernel_configs
+from pytest_gn.device import MAIN_CONFIGS, MAIN_TASK_CONFIG, GnDevice, kernel_configs, task_kernel_configs
+from pytest_gn.tasks import TaskModel, resolve_task
 
 
 @dataclass
@@ -21,6 +27,13 @@ class ProfileStatic:
     error: str | None = None
     blocks_per_sm: dict[str, int] = field(default_factory=dict)  # one-pass config -> blocks/SM
     residency: dict[str, int] = field(default_factory=dict)  # one-pass config -> blocks on the GPU
+    task_slots: dict[str, int] = field(default_factory=dict)  # fwd_task_onepass config -> chunk slots
+    task_residency: dict[str, int] = field(default_factory=dict)  # fwd_task_onepass config -> blocks
+
+    def task_model(self, config: str) -> TaskModel:
+        """The profile's (slots, residency) of the task architecture as a function of the tiling."""
+        res = self.resources(config)
+        return lambda t: schedule.task_model(self.profile, res, t)
 
     def resources(self, config: str) -> schedule.KernelResources:
         if self.report is None:
@@ -71,6 +84,11 @@ class Sweep:
                 continue
             st.blocks_per_sm[name] = schedule.blocks_per_sm(p, res, schedule.THREADS, t.onepass_smem)
             st.residency[name] = schedule.model_residency(p, res, t)
+        for name, _dtype, tt in task_kernel_configs():
+            if name in report.by_name():
+                st.task_slots[name], st.task_residency[name] = schedule.task_model(
+                    p, report.resources(name), tt
+                )
         return st
 
     def static(self, name: str) -> ProfileStatic:
@@ -93,6 +111,22 @@ class Sweep:
         return resolve(spec, lambda t: schedule.model_residency(st.profile, res, t), cap_at_residency=True,
                        device_residency=device_residency, variant=variant, notes=notes)  # fmt: skip
 
+    def resolve_task_case(
+        self, spec: CaseSpec, device: GnDevice | None, run_model: TaskModel | None
+    ) -> GnCase:
+        """A profile's task case: shape from the profile's modelled slots and residency, grid capped at
+        that residency; `run_model` is what the GPU at hand launches with (its slots and residency)."""
+        if spec.profile is None or spec.arch != "tasks":
+            raise ValueError(f"{spec.id} is not a profile's task case")
+        st = self.static(spec.profile)
+        model = st.task_model(spec.config)
+        variant = ptx_variant(st.profile, device.cc) if device is not None else None
+        notes: tuple[str, ...] = ()
+        if device is not None and variant is None:
+            notes = (f"arch code not exercised: {st.profile.arch} > device {device.arch}; "
+                     "native build under the profile's residency cap",)  # fmt: skip
+        return resolve_task(spec, model, emulated=True, run_model=run_model, variant=variant, notes=notes)
+
 
 def main_numbers(st: ProfileStatic) -> dict[str, str]:
     """Matrix cells of one profile for the main (fp16, vec8) forward and backward configs."""
@@ -107,4 +141,7 @@ def main_numbers(st: ProfileStatic) -> dict[str, str]:
         "regs/smem f,b": " ".join(regs),
         "blocks/SM f,b": " ".join(str(st.blocks_per_sm.get(c, "?")) for c in MAIN_CONFIGS),
         "residency f,b": " ".join(str(st.residency.get(c, "?")) for c in MAIN_CONFIGS),
+        "tasks slots,res": " ".join(
+            str(d.get(MAIN_TASK_CONFIG, "?")) for d in (st.task_slots, st.task_residency)
+        ),
     }

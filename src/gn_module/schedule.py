@@ -702,3 +702,73 @@ def make_task_plan(
         teams=teams,
         workspace_floats=workspace,
     )
+
+
+def task_member_chunks(t: TaskTiling, team_size: int) -> tuple[int, ...]:
+    """Chunks each member of a team of `team_size` reduces (and applies) of every task: its tiles
+    (`member_tiles`) times chunks_per_tile. Chunks past the task's last row count, as in the kernels
+    (member_stats and member_apply count them; they hold no rows)."""
+    return tuple(
+        (t1 - t0) * t.chunks_per_tile
+        for t0, t1 in (member_tiles(t.tiles_per_task, team_size, m) for m in range(team_size))
+    )
+
+
+def task_reread_chunks(p: TaskPlan) -> int:
+    """Chunks the launch reads from global memory a second time, summed over its blocks: what the
+    launch record's ``chunks_reread`` counts. One-pass: each member's chunks of each of its tasks
+    beyond its `slots` (it keeps the last min(slots, chunks) on chip); two-pass: every chunk (the
+    apply launch keeps none)."""
+    t = p.tiling
+    if p.teams is None:
+        return 0
+    if p.schedule == 2:
+        return t.tasks * t.tiles_per_task * t.chunks_per_tile
+    return t.tasks * sum(max(0, c - p.slots) for c in task_member_chunks(t, p.teams.team_size))
+
+
+def task_rows_for_tiles(
+    channels: int,
+    groups: int,
+    itemsize: int,
+    tiles_per_task: int,
+    chunks_per_tile: int,
+    *,
+    aligned: bool = True,
+) -> range:
+    """Every S (rows per sample) whose `task_tiling` has exactly `tiles_per_task` tiles of
+    `chunks_per_tile` chunks of the full chunk height (a large tensor's chunk_rows): the inverse of
+    `task_tiling`, empty when there is none (or the task kernels do not cover the channels).
+
+    `task_tiling` makes tiles of one chunk up to MAX_TILES_PER_TASK chunks per task, and beyond that
+    tiles of ceil(S / MAX_TILES_PER_TASK) rows rounded up to whole chunks; a slice shorter than a chunk
+    gets a shorter chunk. The ends of the range are checked against `task_tiling` itself.
+    """
+    big = task_tiling(channels, groups, 1 << 30, itemsize, "fwd", aligned=aligned)
+    tiles, q = tiles_per_task, chunks_per_tile
+    if big is None or not 1 <= tiles <= MAX_TILES_PER_TASK or q < 1:
+        return range(0)
+    cr, rt, most = big.chunk_rows, big.rows_threads, MAX_TILES_PER_TASK
+    lo, hi = (tiles - 1) * q * cr + 1, tiles * q * cr
+    if q == 1:
+        lo, hi = max(lo, cr - rt + 1), min(hi, most * cr)  # shorter slices get shorter chunks
+    else:
+        lo, hi = max(lo, most * (q - 1) * cr + 1), min(hi, most * q * cr)
+    if lo > hi:
+        return range(0)
+    for rows in (lo, hi):
+        t = task_tiling(channels, groups, rows, itemsize, "fwd", aligned=aligned)
+        if t is None or (t.tiles_per_task, t.chunks_per_tile, t.chunk_rows) != (tiles, q, cr):
+            raise RuntimeError(f"task_rows_for_tiles disagrees with task_tiling at S={rows}: {t}")
+    return range(lo, hi + 1)
+
+
+def task_model(limits: DeviceLimits, res: KernelResources, t: TaskTiling) -> tuple[int, int]:
+    """(slots, co-resident one-pass blocks) of the task kernels for `t` on a described device (the arch
+    sweep's emulation; ops asks the device at hand): the chunks a block keeps within
+    `task_smem_budget(limits)`, and blocks per SM for that shared memory and `res` (fwd_task_onepass's
+    registers) times the SM count. (0, 0) when not even one chunk fits."""
+    slots = task_slots(t, task_smem_budget(limits))
+    if slots < 1:
+        return 0, 0
+    return slots, blocks_per_sm(limits, res, THREADS, task_smem_bytes(t, slots)) * limits.sm_count

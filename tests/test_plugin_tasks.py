@@ -1,0 +1,526 @@
+"""The task architecture's overflow cases (pytest_gn.tasks), on the CPU: the schedule model's inverse
+and re-read count, the case generator against the model (every case has the ratio it claims), the
+profiles' shared memory, the planted bug's reach, and the runner's launch-record checks."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from gn_module import profiles, resources, schedule
+from gn_module.schedule import TaskTiling
+from pytest_gn import tasks
+from pytest_gn.cases import (
+    DEFAULT_SHAPES,
+    CaseSpec,
+    CaseUnavailable,
+    GnCase,
+    Ratio,
+    TaskRun,
+    memory_estimate,
+    specs_from_marker,
+)
+from pytest_gn.runner import arch_env, case_context, case_from_json, case_to_json, other_task_cap
+from pytest_gn.sweep import Sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+#: What ptxas gives fwd_task_onepass on the built-in archs (126-128 registers, 16 bytes of static
+#: shared memory: __launch_bounds__(256, 2)); the sweep reads the real numbers per arch.
+TASK_REGISTERS = schedule.KernelResources(128, 16)
+BUILTIN = tuple(p.name for p in profiles.BUILTIN_PROFILES)
+NUMBERS = {name: i for i, name in enumerate(BUILTIN)}
+#: Stands for this GPU (ops.task_plan's slots and occupancy) in the CPU tests: an H200.
+THIS_GPU = "H200"
+
+
+def model_of(name: str, regs: schedule.KernelResources = TASK_REGISTERS) -> tasks.TaskModel:
+    profile = profiles.get_profile(name)
+    return lambda t: schedule.task_model(profile, regs, t)
+
+
+def resolve(spec: CaseSpec, run_on: str | None = None) -> GnCase:
+    """The case as the plugin resolves it: a profile's with its modelled slots and residency (on a
+    GPU `run_on`, when given), this GPU's (an H200 here) under the case's cap."""
+    run = model_of(run_on) if run_on else None
+    if spec.profile is not None:
+        return tasks.resolve_task(spec, model_of(spec.profile), emulated=True, run_model=run)
+    return tasks.resolve_task(spec, model_of(THIS_GPU), cap=spec.cap if spec.variant == "capped" else None)
+
+
+def sweep_specs() -> list[CaseSpec]:
+    """The task cases `pytest --gn-arch-sweep --gn-arch tasks` collects for the built-in profiles."""
+    return specs_from_marker({"over_2_31": True}, profiles=BUILTIN, profile_numbers=NUMBERS, archs=("tasks",))
+
+
+SPECS = sweep_specs()
+
+
+def scope_of(spec: CaseSpec) -> str:
+    return spec.profile or spec.variant
+
+
+SCOPES = sorted({scope_of(s) for s in SPECS if not s.big}, key=lambda s: (s not in ("capped", "natural"), s))
+
+
+def tiling_of(case: GnCase) -> TaskTiling:
+    n, c = case.shape[0], case.shape[1]
+    t = schedule.task_tiling(
+        c, case.spec.groups, math.prod(case.shape[2:]), case.spec.itemsize, "fwd", batch=n
+    )
+    assert t is not None
+    return t
+
+
+def scope_plan(case: GnCase) -> schedule.TaskPlan:
+    """The one-pass plan the case's ratio is about, recomputed from its shape with the model."""
+    spec, t = case.spec, tiling_of(case)
+    if spec.profile is not None:
+        slots, residency = model_of(spec.profile)(t)
+        return schedule.make_task_plan(t, 1, slots, residency, residency)
+    slots, residency = model_of(THIS_GPU)(t)
+    return schedule.make_task_plan(t, 1, slots, residency, spec.cap if spec.variant == "capped" else None)
+
+
+# ------------------------------------------------------------------ the schedule model's additions
+SHAPES = [(128, 16, 2), (100, 20, 2), (30, 10, 4), (32, 32, 2), (64, 1, 4), (320, 32, 2)]
+
+
+@pytest.mark.parametrize(("channels", "groups", "itemsize"), SHAPES)
+def test_task_rows_for_tiles_is_the_inverse_of_task_tiling(channels: int, groups: int, itemsize: int) -> None:
+    full = schedule.task_tiling(channels, groups, 1 << 30, itemsize, "fwd")
+    for tiles in (1, 2, 3, 7, 128, 129, 255, 256):
+        for q in (1, 2, 3, 5):
+            rows = schedule.task_rows_for_tiles(channels, groups, itemsize, tiles, q)
+            inside = {rows.start, rows.start + len(rows) // 2, rows.stop - 1} if rows else set()
+            for s in inside:
+                t = schedule.task_tiling(channels, groups, s, itemsize, "fwd")
+                assert (t.tiles_per_task, t.chunks_per_tile, t.chunk_rows) == (tiles, q, full.chunk_rows), s
+            for s in {rows.start - 1, rows.stop} if rows else set():
+                t = schedule.task_tiling(channels, groups, s, itemsize, "fwd") if s > 0 else None
+                assert t is None or (t.tiles_per_task, t.chunks_per_tile, t.chunk_rows) != (
+                    tiles, q, full.chunk_rows), s  # fmt: skip
+    # tiles of several chunks only once a task has MAX_TILES_PER_TASK chunks and more
+    assert not schedule.task_rows_for_tiles(channels, groups, itemsize, 100, 2)
+    assert not schedule.task_rows_for_tiles(4096, 1, 2, 4, 1)  # a window the task kernels do not cover
+
+
+def kernel_reread(p: schedule.TaskPlan) -> tuple[int, int, int]:
+    """(tiles reduced, tiles applied, chunks re-read) summed over the blocks, as fwd_task_onepass and
+    fwd_task_stats / fwd_task_apply count them in csrc/gn_forward.cu: every block of the grid takes
+    team = block / team_size and member = block % team_size, the tiles [t0, t1) of `member_tiles`,
+    and the tasks team, team + teams, ...; member_apply re-reads the chunks it did not keep."""
+    t, teams = p.tiling, p.teams
+    reduced = applied = reread = 0
+    for block in range(p.grid):
+        team, member = divmod(block, teams.team_size)
+        t0, t1 = schedule.member_tiles(t.tiles_per_task, teams.team_size, member)
+        for _task in range(team, t.tasks, teams.teams):
+            chunks = (t1 - t0) * t.chunks_per_tile
+            kept = min(chunks, p.slots) if p.schedule == 1 else 0
+            reduced, applied, reread = reduced + t1 - t0, applied + t1 - t0, reread + chunks - kept
+    return reduced, applied, reread
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 7, 40, 264])
+@pytest.mark.parametrize("slots", [1, 2, 6, 8])
+def test_reread_chunks_count_what_the_kernels_count(blocks: int, slots: int) -> None:
+    for n, c, g, rows, item in [(1, 128, 16, 7 * 128, 2), (3, 100, 20, 37, 2), (2, 64, 1, 300 * 128 + 5, 4),
+                                (5, 32, 32, 1000, 2), (1, 128, 16, 256 * 3 * 128 - 100, 2)]:  # fmt: skip
+        t = schedule.task_tiling(c, g, rows, item, "fwd", batch=n)
+        for passes in (1, 2):
+            p = schedule.make_task_plan(t, passes, slots, blocks)
+            reduced, applied, reread = kernel_reread(p)
+            assert reduced == applied == t.tiles
+            assert schedule.task_reread_chunks(p) == reread, (t, p.teams)
+            members = schedule.task_member_chunks(t, p.teams.team_size)
+            assert sum(members) == t.tiles_per_task * t.chunks_per_tile
+            assert max(members) == p.teams.chunks_per_member
+
+
+def test_task_model_is_the_occupancy_rule_with_the_profiles_shared_memory() -> None:
+    t = schedule.task_tiling(128, 16, 1 << 20, 2, "fwd")
+    for p in profiles.BUILTIN_PROFILES:
+        slots, residency = schedule.task_model(p, TASK_REGISTERS, t)
+        assert slots == schedule.task_slots(t, schedule.task_smem_budget(p)) >= 1
+        assert residency == p.sm_count * schedule.blocks_per_sm(
+            p, TASK_REGISTERS, schedule.THREADS, schedule.task_smem_bytes(t, slots)
+        )
+    tiny = profiles.limits_for("Tiny", (8, 6), 4, smem_per_sm=16 * 1024)
+    assert schedule.task_model(tiny, TASK_REGISTERS, t) == (0, 0)  # not one 16 KB chunk fits
+
+
+# ------------------------------------------------------------------ specs
+def test_task_specs_are_forward_only_with_readable_stable_ids() -> None:
+    specs = specs_from_marker({}, archs=("tasks",))
+    ids = [s.id for s in specs]
+    assert len(ids) == len(set(ids)) == 48  # 4 ratios x 3 dtypes x 2 acts, capped and natural
+    assert all(s.arch == "tasks" and s.direction == "fwd" for s in specs)
+    assert ids[:4] == ["fwd-tasks-cap1-x1-fp16-silu", "fwd-tasks-cap2-x1-fp16-noact-partial",
+                       "fwd-tasks-cap3-x1-bf16-silu-batch",
+                       "fwd-tasks-cap1-x1-bf16-noact-c100g20"]  # fmt: skip
+    assert ids[-1] == "fwd-tasks-x4p3-fp32-noact-c64g1"
+    capped = [s for s in specs if s.variant == "capped"]
+    assert [s.cap for s in capped[:6]] == [1, 2, 3, 1, 2, 3]
+    for k in (1, 2, 3):  # every cap meets every ratio
+        assert {s.ratio.label for s in capped if s.cap == k} == {"x1", "x1p1", "x2p1", "x4p3"}
+    assert specs_from_marker({}, archs=("tasks",)) == specs  # deterministic: the same on every worker
+    assert not [s for s in specs_from_marker({}) if s.arch == "tasks"]  # tiles by default
+    both = specs_from_marker({}, archs=("tiles", "tasks"))
+    assert [s for s in both if s.arch == "tiles"] == specs_from_marker({}) and len(both) == 96 + 48
+    assert specs_from_marker({}, archs=("tasks",), foreign=True) == []  # gn_module's kernels only
+    assert specs_from_marker({"directions": ("bwd",)}, archs=("tasks",)) == []
+    caps = specs_from_marker({"task_caps": (5,), "variants": ("capped",)}, archs=("tasks",))
+    assert {s.cap for s in caps} == {5} and caps[0].id == "fwd-tasks-cap5-x1-fp16-silu"
+    for bad in ((), (0,), (True,), ("2",)):
+        with pytest.raises(ValueError, match="task_caps"):
+            specs_from_marker({"task_caps": bad}, archs=("tasks",))
+    with pytest.raises(ValueError, match="architectures"):
+        specs_from_marker({}, archs=("warp",))
+
+
+def test_the_sweep_gives_every_profile_24_task_cases_that_meet_every_kind() -> None:
+    big = [s for s in SPECS if s.big]
+    assert [s.id for s in big] == ["fwd-tasks-2_31-bf16-silu"]
+    kinds = {(c, g, geo) for c, g in DEFAULT_SHAPES for geo in ("even", "partial", "batch")}
+    for scope in SCOPES:
+        mine = [s for s in SPECS if scope_of(s) == scope and not s.big]
+        assert len(mine) == 24, scope
+        assert {(s.channels, s.groups, s.geometry) for s in mine} == kinds, scope
+    assert len(SPECS) == 24 * (2 + len(BUILTIN)) + 1 == 337
+    alone = specs_from_marker({}, profiles=("Thor",), profile_numbers=NUMBERS, archs=("tasks",))
+    assert [s for s in alone if s.profile] == [s for s in SPECS if s.profile == "Thor"]
+
+
+# ------------------------------------------------------------------ every case has the ratio it claims
+def assert_claim(case: GnCase) -> None:
+    """The case's shape, run through the model, gives the busiest member the chunk count the case
+    claims: M x slots + K, or (said in the notes) the nearest count within one ring of slots that
+    stays above M x slots; x1 re-reads nothing, every other ratio re-reads; and the geometry holds."""
+    spec, t, p = case.spec, tiling_of(case), scope_plan(case)
+    ratio, slots = spec.ratio, p.slots
+    members = schedule.task_member_chunks(t, p.teams.team_size)
+    busiest = p.teams.chunks_per_member
+    assert busiest == max(members) == case.task.chunks, spec.id
+    assert case.task.model_slots == slots and case.tiles == t.tiles == p.tiles, spec.id
+    want = ratio.mult * slots + ratio.plus
+    if busiest != want:
+        assert ratio.plus > 0 and ratio.mult * slots < busiest and abs(busiest - want) < slots, spec.id
+        assert any(f"instead of {want} ({ratio.label})" in note for note in case.notes), case.notes
+    reread = schedule.task_reread_chunks(p)
+    if ratio.label == "x1":
+        assert busiest == slots and reread == 0, spec.id  # everything kept, at the boundary
+    else:
+        assert busiest > slots and reread > 0, spec.id  # the re-read path runs
+    n, rows = t.batch, t.rows
+    if spec.geometry == "partial":
+        assert rows % t.rows_per_tile and rows % t.chunk_rows and t.tiles_per_task >= 2, spec.id
+    else:
+        assert rows % t.rows_per_tile == 0, spec.id
+    if spec.geometry == "batch":
+        assert n >= 2 and p.teams.rounds >= 2, spec.id
+    else:
+        assert n <= max(tasks.EVEN_SAMPLES), spec.id
+    assert case.numel <= tasks.MAX_ELEMENTS, spec.id
+    assert case.expected_grid == p.grid and case.tile_rows == t.rows_per_tile, spec.id
+    if spec.profile is not None:
+        assert case.cap == case.residency == p.residency, spec.id  # the grid capped at the profile's
+    else:
+        assert case.cap == (spec.cap if spec.variant == "capped" else None), spec.id
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_every_task_case_of_the_sweep_has_the_ratio_it_claims(scope: str) -> None:
+    for spec in (s for s in SPECS if scope_of(s) == scope and not s.big):
+        assert_claim(resolve(spec))
+
+
+@pytest.mark.parametrize("geometry", ["even", "partial", "batch"])
+@pytest.mark.parametrize("scope", ["capped", "natural", "RTX3090", "Thor"])
+def test_every_kind_and_cell_has_its_ratio(scope: str, geometry: str) -> None:
+    # every (C, G) pair with every cell, not only the rotation's
+    profile = scope if scope not in ("capped", "natural") else None
+    specs = specs_from_marker({"rotate": False, "geometries": (geometry,), "acts": ("silu",)},
+                              profiles=(profile,) if profile else (), archs=("tasks",))  # fmt: skip
+    mine = [s for s in specs if scope_of(s) == scope]
+    assert len(mine) == 4 * 3 * len(DEFAULT_SHAPES)
+    for spec in mine:
+        assert_claim(resolve(spec))
+
+
+def test_the_case_over_2_31_elements_re_reads() -> None:
+    (spec,) = [s for s in SPECS if s.big]
+    case = resolve(spec)
+    assert case.numel > 2**31 and case.shape[0] == 1
+    p = scope_plan(case)
+    assert schedule.task_reread_chunks(p) > 0 and case.task.chunks == p.teams.chunks_per_member > p.slots
+    assert case.bytes_needed() < 40 * 2**30
+
+
+def test_a_count_no_shape_has_moves_to_the_nearest_of_its_ring() -> None:
+    # Thor: 40 blocks, 6 slots of 16 KB; 2 x 6 + 1 = 13 chunks per member need 13 tiles per member of
+    # one chunk (a task of > 256 tiles) or one tile of 13 chunks (teams of > 128 blocks): 14 instead
+    spec = CaseSpec("fwd", Ratio(2, 1), "fp16", "silu", profile="Thor", arch="tasks")
+    case = resolve(spec)
+    assert (case.task.model_slots, case.task.chunks) == (6, 14)
+    assert any("14 chunks (x2p2 of 6 slots) instead of 13 (x2p1)" in note for note in case.notes), case.notes
+    assert_claim(case)
+
+
+def test_a_shape_the_task_kernels_do_not_cover_is_unavailable() -> None:
+    spec = CaseSpec("fwd", Ratio(1, 1), "fp16", "silu", 4096, 1, arch="tasks")  # 512 vectors per row
+    with pytest.raises(CaseUnavailable, match="do not cover"):
+        resolve(spec)
+    tiny = profiles.limits_for("Tiny", (8, 6), 4, smem_per_sm=16 * 1024)
+    spec = CaseSpec("fwd", Ratio(1, 1), "fp16", "silu", arch="tasks")
+    with pytest.raises(CaseUnavailable, match="cannot run"):
+        tasks.resolve_task(spec, lambda t: schedule.task_model(tiny, TASK_REGISTERS, t))
+
+
+# ------------------------------------------------------------------ profiles' shared memory
+def test_profiles_with_less_shared_memory_get_fewer_slots_and_other_shapes() -> None:
+    spec = CaseSpec("fwd", Ratio(2, 1), "fp16", "silu", arch="tasks")
+    t = tasks.probe_tiling(spec)
+    slots = {name: model_of(name)(t)[0] for name in BUILTIN}
+    # 16 KB chunks: 100 KB per SM (sm_86, sm_89, sm_120, sm_121) keeps 2 per block, 164 KB 4, 228 KB 6
+    assert {n for n, s in slots.items() if s == 2} == {"RTX3090", "A10", "L4", "RTX4090", "RTX5090", "GB10"}
+    assert {n for n, s in slots.items() if s == 4} == {"A100", "Orin"}
+    assert {n for n, s in slots.items() if s == 6} == {"H100", "H200", "B200", "Thor"}
+    cases = {name: resolve(CaseSpec("fwd", Ratio(2, 1), "fp16", "silu", profile=name, arch="tasks"))
+             for name in ("RTX3090", "L4", "RTX5090", "H200")}  # fmt: skip
+    assert [cases[n].task.chunks for n in ("RTX3090", "L4", "RTX5090", "H200")] == [5, 5, 5, 13]
+    assert len({c.shape for c in cases.values()}) == 4  # each its own shape
+    for case in cases.values():
+        assert_claim(case)
+    # the scalar path's chunks are smaller: more slots everywhere, still fewer on 100 KB SMs
+    scalar = tasks.probe_tiling(CaseSpec("fwd", Ratio(1), "fp16", None, 30, 10, arch="tasks"))
+    assert model_of("RTX3090")(scalar)[0] == 6 < model_of("H200")(scalar)[0] == 8
+
+
+def test_a_profile_case_on_a_gpu_with_more_shared_memory_says_what_it_launches() -> None:
+    spec = CaseSpec("fwd", Ratio(2, 1), "fp16", "silu", profile="RTX3090", arch="tasks")
+    alone, on_h200 = resolve(spec), resolve(spec, run_on="H200")
+    assert alone.shape == on_h200.shape and alone.task.chunks == on_h200.task.chunks == 5  # the profile's
+    assert (on_h200.task.slots, on_h200.task.model_slots) == (6, 2)
+    t = tiling_of(on_h200)
+    run = schedule.make_task_plan(t, 1, 6, model_of("H200")(t)[1], on_h200.residency)  # H200, RTX3090's cap
+    assert on_h200.expected_grid == run.grid and on_h200.cap == on_h200.residency
+    assert tasks.expected_plan(on_h200, 1, on_h200.cap) == run
+    note = on_h200.notes[-1]
+    assert "shared memory not emulated: RTX3090 keeps 2 chunks per block, this GPU 6" in note
+    assert f"{schedule.task_reread_chunks(run)} chunks re-read" in note
+
+
+def _fake_sweep(regs: int) -> Sweep:
+    fake = profiles.limits_for("Fake", (8, 6), 10)
+    names = ["fwd_onepass[fp16,vec8]", "bwd_onepass[fp16,vec8]"]
+    names += [f"fwd_task_onepass[{d},vec{v}]" for d, v in (("fp16", 8), ("fp16", 1), ("bf16", 8), ("bf16", 1),
+                                                          ("fp32", 4), ("fp32", 1))]  # fmt: skip
+    kernels = [resources.KernelReport(mangled=n, name=n, arch=fake.arch, source="x.cu", registers=regs,
+                                      static_smem=16 if "task" in n else 0) for n in names]  # fmt: skip
+    sweep = Sweep([fake])
+    sweep._static = {fake.name: Sweep._analyse(fake, resources.ArchReport(fake.arch, "fake", "0", kernels))}
+    return sweep
+
+
+@pytest.mark.parametrize("regs", [64, 128])
+def test_the_sweep_models_a_profiles_task_slots_and_residency(regs: int) -> None:
+    sweep = _fake_sweep(regs)
+    st = sweep.static("Fake")
+    t = schedule.task_tiling(128, 16, 1 << 30, 2, "fwd")
+    config = "fwd_task_onepass[fp16,vec8]"
+    modelled = schedule.task_model(st.profile, schedule.KernelResources(regs, 16), t)
+    assert (st.task_slots[config], st.task_residency[config]) == modelled
+    spec = CaseSpec("fwd", Ratio(1, 1), "fp16", "silu", profile="Fake", arch="tasks")
+    case = sweep.resolve_task_case(spec, None, None)
+    assert case.task.model_slots == st.task_slots[spec.config] == 2 and case.task.chunks == 3
+    assert case.cap == case.residency and case.variant is None
+    with pytest.raises(ValueError, match="not a profile's task case"):
+        sweep.resolve_task_case(CaseSpec("fwd", Ratio(1), "fp16", None, arch="tasks"), None, None)
+
+
+# ------------------------------------------------------------------ the planted bug's reach
+def _plant_bug():
+    spec = importlib.util.spec_from_file_location("plant_bug", ROOT / "scripts" / "plant_bug.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["plant_bug"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_planted_task_overflow_drop_can_fire_in_every_scope() -> None:
+    """``scripts/plant_bug.py task-overflow-drop`` drops the first tile's partial of every member that
+    has more chunks of a task than slots. Every scope has such cases, for every act and dtype, and
+    exactly its cases outside x1 (the planting's -k "fwd and not x1-") have them, so x1 passes."""
+    planting = _plant_bug().PLANTINGS["task-overflow-drop"]
+    assert "chunks > slots && tile == t0" in planting.replacement and planting.select == "fwd and not x1-"
+    for scope in SCOPES:
+        fires = []
+        for spec in (s for s in SPECS if scope_of(s) == scope and not s.big):
+            case = resolve(spec)
+            p = scope_plan(case)
+            over = any(c > p.slots for c in schedule.task_member_chunks(tiling_of(case), p.teams.team_size))
+            assert over == ("x1-" not in spec.id + "-"), spec.id
+            if over:
+                fires.append(spec)
+        assert {s.act for s in fires} == {"silu", None}, scope
+        assert {s.dtype for s in fires} == {"fp16", "bf16", "fp32"}, scope
+        assert len(fires) == 18, scope  # every cell but x1's six
+
+
+# ------------------------------------------------------------------ what the runner checks
+def _case(cap: int | None = 2) -> GnCase:
+    spec = CaseSpec("fwd", Ratio(2, 1), "fp16", "silu", variant="capped" if cap else "natural", cap=cap or 3,
+                    arch="tasks")  # fmt: skip
+    return tasks.resolve_task(spec, model_of(THIS_GPU), cap=cap)
+
+
+def test_the_record_of_a_launch_must_show_the_model_plan() -> None:
+    case = _case()
+    plan = tasks.expected_plan(case, 1, case.cap)
+    good = {"arch": 2, "schedule": 1, "grid": plan.grid, "tiles_phase1": plan.tiles,
+            "tiles_applied": plan.tiles, "chunks_reread": schedule.task_reread_chunks(plan),
+            "plan": plan}  # fmt: skip
+    assert tasks.record_problems(good, plan, "one-pass") == []
+    assert good["chunks_reread"] > 0 and good["grid"] == case.expected_grid == 2
+    for key, value in (("grid", 3), ("tiles_applied", plan.tiles - 1), ("chunks_reread", 0), ("arch", 1),
+                       ("schedule", 2)):  # fmt: skip
+        problems = tasks.record_problems({**good, key: value}, plan, "one-pass")
+        assert len(problems) == 1 and problems[0].startswith(f"one-pass: {key} {value} != "), problems
+    other = schedule.make_task_plan(plan.tiling, 1, plan.slots, plan.residency, 1)
+    problems = tasks.record_problems({**good, "plan": other}, plan, "one-pass")
+    assert problems and "the launcher planned" in problems[0]
+    assert tasks.record_problems(None, plan, "two-pass") == [
+        "two-pass: no launch record for the forward kernels (did the fast path run?)"
+    ]
+    two = tasks.expected_plan(case, 2, None)
+    assert schedule.task_reread_chunks(two) == two.tiles * two.tiling.chunks_per_tile  # all read twice
+    assert (other_task_cap(case), other_task_cap(_case(1)), other_task_cap(_case(None))) == (1, 2, 1)
+
+
+def test_case_context_puts_the_cases_architecture_in_force(monkeypatch) -> None:
+    monkeypatch.setenv("GN_ARCH", "tasks")
+    tile = GnCase(CaseSpec("fwd", Ratio(1, 1), "fp16", "silu"), (1, 128, 4, 4), 3, 4, None, 3)
+    with case_context(tile):
+        assert os.environ["GN_ARCH"] == "tiles"  # a tile case never runs the task kernels
+    assert os.environ["GN_ARCH"] == "tasks"
+    monkeypatch.delenv("GN_ARCH")
+    task = GnCase(CaseSpec("fwd", Ratio(1, 1), "fp16", "silu", arch="tasks"), (1, 128, 4, 4), 3, 4, None, 3)
+    with case_context(task):
+        assert os.environ["GN_ARCH"] == "tasks"
+    assert "GN_ARCH" not in os.environ
+    with case_context(task, own=False):  # a foreign implementation's case: left alone
+        assert "GN_ARCH" not in os.environ
+    with pytest.raises(KeyError), arch_env("tasks"):
+        raise KeyError
+    assert "GN_ARCH" not in os.environ
+
+
+def test_task_cases_survive_json_and_size_their_memory() -> None:
+    case = _case()
+    assert case_from_json(case_to_json(case)) == case
+    assert isinstance(case.task, TaskRun)
+    estimate = memory_estimate(case)
+    assert estimate > 3 * case.numel * case.spec.itemsize
+    summary = case.summary()
+    assert summary["arch"] == "tasks" and summary["chunks"] == case.task.chunks == 13
+    assert summary["slots"] == 6 and summary["over"] == 7
+
+
+def test_resolution_is_quick_enough_for_a_sweep() -> None:
+    import time
+
+    tasks._TEAMS.clear()
+    started = time.perf_counter()
+    for spec in (s for s in SPECS if s.profile == "GB10"):
+        resolve(spec)
+    assert time.perf_counter() - started < 30  # a profile's 24 cases, cold (about 1-3 s here)
+
+
+def _fake_kernels(case: GnCase, monkeypatch, bug: str = "") -> list[dict]:
+    """Put a CPU stand-in for gn_module's task kernels in place: y from torch's GroupNorm, and a launch
+    record from the model's plan for the cap in force (what the kernels record). `bug`: "overflow-drop"
+    moves the output of tasks whose members have more chunks than slots (as the planted bug does),
+    "reread" records one chunk too few, "two-pass" makes the two-pass output differ in one element."""
+    import torch.nn.functional as F
+
+    import gn_module
+    from gn_module import ops
+
+    calls: list[dict] = []
+    record: dict = {}
+
+    def group_norm(x, num_groups, weight, bias, eps, act, passes):
+        assert os.environ.get("GN_ARCH") == "tasks"
+        plan = tasks.expected_plan(case, passes, ops.current_cap())
+        y = F.group_norm(x.float(), num_groups, weight, bias, eps)
+        y = (F.silu(y) if act == "silu" else y).to(x.dtype)
+        members = schedule.task_member_chunks(plan.tiling, plan.teams.team_size)
+        if bug == "overflow-drop" and max(members) > plan.slots:
+            y[:, : plan.tiling.window] += 1  # a tile's partial lost: the task's statistics move
+        if bug == "two-pass" and passes == 2:
+            y[0, 0, 0, 0] += 1
+        reread = schedule.task_reread_chunks(plan) - (bug == "reread")
+        record["fwd"] = {"grid": plan.grid, "tiles_phase1": plan.tiles, "tiles_applied": plan.tiles,
+                         "chunks_reread": reread, "schedule": passes, "arch": 2, "plan": plan}  # fmt: skip
+        calls.append({"passes": passes, "cap": ops.current_cap(), "poisoned": bool(ops._poison)})
+        return y
+
+    @contextlib.contextmanager
+    def launch_record():
+        record.clear()
+        yield record
+
+    monkeypatch.setattr(gn_module, "group_norm", group_norm)
+    monkeypatch.setattr(ops, "launch_record", launch_record)
+    return calls
+
+
+BUGS = [
+    ("", None),
+    ("overflow-drop", "(fp64 reference)"),
+    ("reread", "one-pass: chunks_reread"),
+    ("two-pass", "y: two-pass differs from the first one-pass run"),
+]
+
+
+@pytest.mark.parametrize(("bug", "problem"), BUGS)
+def test_the_runner_checks_a_task_case_three_ways(monkeypatch, bug: str, problem: str | None) -> None:
+    pytest.importorskip("torch")
+    from pytest_gn.runner import check_case
+
+    monkeypatch.delenv("GN_MAX_RESIDENT_BLOCKS", raising=False)
+    case = _case(cap=2)
+    calls = _fake_kernels(case, monkeypatch, bug)
+    result = check_case(case, None, 0, device="cpu")
+    assert [(c["passes"], c["cap"]) for c in calls] == [(1, 2), (1, 1), (2, 2)]  # case cap, cap 1, two-pass
+    assert all(c["poisoned"] for c in calls)
+    assert result.record["fwd"]["grid"] == case.expected_grid and "plan" not in result.record["fwd"]
+    if problem is None:
+        assert result.ok, result.problems
+    else:
+        assert not result.ok and any(problem in p for p in result.problems), result.problems
+    assert os.environ.get("GN_ARCH") is None  # restored
+
+
+def test_a_profile_case_limited_by_this_gpus_grid_checks_what_it_launches(monkeypatch) -> None:
+    pytest.importorskip("torch")
+    from pytest_gn.runner import check_case
+
+    small = profiles.limits_for("Small", (9, 0), 8)  # 16 blocks against Thor's 40
+    spec = CaseSpec("fwd", Ratio(1, 1), "fp16", "silu", 64, 1, profile="Thor", arch="tasks")
+    case = tasks.resolve_task(spec, model_of("Thor"), emulated=True,
+                              run_model=lambda t: schedule.task_model(small, TASK_REGISTERS, t))  # fmt: skip
+    assert case.residency == 40 and case.task.residency == 16 and case.expected_grid <= 16
+    assert "grid limited by the device (16 < emulated 40)" in case.notes[-1]
+    launched = tasks.expected_plan(case, 1, case.cap)
+    assert launched.teams.chunks_per_member != case.task.chunks  # the profile's count is not what runs
+    monkeypatch.delenv("GN_MAX_RESIDENT_BLOCKS", raising=False)
+    _fake_kernels(case, monkeypatch)
+    result = check_case(case, None, 0, device="cpu")
+    assert result.ok, result.problems

@@ -1,0 +1,157 @@
+"""``--gn-arch``: the task architecture's cases seen from the command line, with pytester (CPU only:
+every case skips with the reason, and nothing needs a GPU to be collected)."""
+
+from __future__ import annotations
+
+import pytest
+
+# Inline pytester runs restore sys.modules afterwards, and re-importing torch in one process crashes;
+# importing it here first keeps it (as in test_plugin_cli.py).
+pytest.importorskip("torch")
+
+MARKED = """
+import pytest
+
+@pytest.mark.overflow_grid(dtypes=("fp16",), acts=("silu",), ratios=("x1", "x2p1"), shapes=[(128, 16)],
+                           geometries=("even",))
+def test_case(gn_case):
+    pass
+"""
+
+TILES = ["fwd-onepass-cap3-x1-fp16-silu", "fwd-onepass-cap3-x2p1-fp16-silu", "bwd-onepass-cap3-x1-fp16-silu",
+         "bwd-onepass-cap3-x2p1-fp16-silu", "fwd-onepass-x1-fp16-silu", "fwd-onepass-x2p1-fp16-silu",
+         "bwd-onepass-x1-fp16-silu", "bwd-onepass-x2p1-fp16-silu"]  # fmt: skip
+TASKS = ["fwd-tasks-cap1-x1-fp16-silu", "fwd-tasks-cap2-x2p1-fp16-silu", "fwd-tasks-x1-fp16-silu",
+         "fwd-tasks-x2p1-fp16-silu"]  # fmt: skip
+
+
+def _ids(result: pytest.RunResult) -> list[str]:
+    return [line.split("[", 1)[1].rsplit("]", 1)[0] for line in result.stdout.lines if "::test_case[" in line]
+
+
+def test_help_documents_the_option_and_its_ini_key(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["*--gn-arch=tiles|tasks|both*", "*gn_arch *"])
+    text = " ".join(result.stdout.str().split())
+    for words in ("GN_ARCH=tasks", "forward cases only", "over the chunks it keeps in shared memory",
+                  "caps 1, 2, 3", "Default: tiles"):  # fmt: skip
+        assert words in text, words
+
+
+@pytest.mark.parametrize(
+    ("args", "ids"),
+    [((), TILES), (("--gn-arch", "tiles"), TILES), (("--gn-arch", "tasks"), TASKS),
+     (("--gn-arch", "both"), TILES + TASKS), (("--gn-arch", " Both "), TILES + TASKS)],
+)  # fmt: skip
+def test_the_option_picks_the_architectures_cases(pytester: pytest.Pytester, args, ids) -> None:
+    pytester.makepyfile(MARKED)
+    result = pytester.runpytest("--co", "-q", *args)
+    assert result.ret == 0, result.stdout.str()
+    assert sorted(_ids(result)) == sorted(ids)  # (scope by scope: capped, then natural)
+
+
+def test_the_ini_key_and_the_command_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(MARKED)
+    pytester.makeini("[pytest]\ngn_arch = tasks\n")
+    assert _ids(pytester.runpytest("--co", "-q")) == TASKS
+    assert _ids(pytester.runpytest("--co", "-q", "--gn-arch", "tiles")) == TILES  # the command line wins
+
+
+def test_task_cases_skip_with_the_reason_without_a_gpu(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(MARKED)
+    result = pytester.runpytest("-rs", "-v", "--gn-arch", "tasks")
+    result.stdout.fnmatch_lines([
+        "gn: --gn-arch=tasks: task kernel forward cases (GN_ARCH=tasks); no tile kernel cases",
+        "*test_case?fwd-tasks-cap1-x1-fp16-silu? SKIPPED*",
+        "*test_case?fwd-tasks-x2p1-fp16-silu? SKIPPED*",
+        "*gn summary*",
+        "overflow cases: 4 collected: 0 passed, 0 failed, 4 skipped",
+        "  this GPU: 4 (2 natural, 2 capped; 4 of them task kernel cases): 0 passed, 0 failed, 4 skipped",
+        "skipped 4: no usable CUDA device*",
+    ])  # fmt: skip
+    result.assert_outcomes(skipped=4)
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "message"),
+    [(("--gn-arch", "gpu"), "", "--gn-arch expects one of tiles, tasks, both, got 'gpu'"),
+     ((), "gn_arch = warp\n", "gn_arch (ini) expects one of tiles, tasks, both, got 'warp'"),
+     (("--gn-arch", "tasks", "--gn-impl", "impls:gn"), "",
+      "--gn-arch tasks selects gn_module's task kernels, which do not apply to --gn-impl impls:gn*")],
+)  # fmt: skip
+def test_bad_values_are_usage_errors_naming_their_source(
+    pytester: pytest.Pytester, args, ini, message
+) -> None:
+    pytester.makepyfile(impls="def gn(x, num_groups, weight, bias, eps, act):\n    return x\n")
+    pytester.syspathinsert()
+    if ini:
+        pytester.makeini(f"[pytest]\n{ini}")
+    result = pytester.runpytest("--co", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}"])
+
+
+def test_the_sweep_has_task_cases_and_the_task_model_checks_only_when_asked(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_user=MARKED)
+    plain = pytester.runpytest("--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100,RTX3090")
+    assert plain.ret == 0
+    assert "-tasks-" not in plain.stdout.str() and "test_gn_tasks.py" not in plain.stdout.str()
+    result = pytester.runpytest("--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100,RTX3090",
+                                "--gn-arch", "tasks")  # fmt: skip
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    assert "-onepass-" not in out  # the tile cases are left to --gn-arch tiles (or both)
+    for line in ("test_gn_overflow.py::test_gn_overflow[fwd-tasks-cap1-x1-fp16-silu]",
+                 "test_gn_overflow.py::test_gn_overflow[fwd-tasks-2_31-bf16-silu]",
+                 "test_gn_overflow.py::test_gn_overflow[A100-fwd-tasks-x2p1-bf16-silu-partial]",
+                 "test_gn_overflow.py::test_gn_overflow[RTX3090-fwd-tasks-x4p3-fp32-noact-c64g1-batch]",
+                 "test_user.py::test_case[RTX3090-fwd-tasks-x2p1-fp16-silu]",
+                 "test_gn_tasks.py::test_gn_task_residency_model[RTX3090]",
+                 "test_gn_tasks.py::test_gn_task_model_matches_occupancy_api[fwd_task_onepass[fp32,vec1]]",
+                 "test_gn_static.py::test_gn_compile[A100]"):  # fmt: skip
+        assert line in out, line
+    overflow = [line for line in out.splitlines() if "test_gn_overflow[" in line]
+    assert len(overflow) == 24 * 4 + 1  # capped, natural, 2 profiles, and one over 2**31 elements
+    both = pytester.runpytest("--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100", "--gn-arch", "both")
+    cases = [line for line in both.stdout.str().splitlines() if "test_gn_overflow[" in line]
+    assert len(cases) == 48 * 3 + 2 + 24 * 3 + 1
+
+
+def test_the_planted_bugs_selection_picks_the_task_cases_that_overflow(pytester: pytest.Pytester) -> None:
+    # scripts/plant_bug.py --select task-overflow-drop: the cases whose members have more chunks than
+    # slots (every ratio but x1), where the planted bug fires
+    pytester.makepyfile(MARKED)
+    result = pytester.runpytest("--co", "-q", "--gn-arch", "both", "-k", "tasks and fwd and not x1-")
+    assert _ids(result) == ["fwd-tasks-cap2-x2p1-fp16-silu", "fwd-tasks-x2p1-fp16-silu"]
+
+
+def test_xdist_workers_collect_the_same_task_cases(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(MARKED)
+    result = pytester.runpytest_subprocess(
+        "-p", "xdist", "-n", "2", "-p", "no:cacheprovider", "--gn-arch", "both"
+    )
+    result.assert_outcomes(skipped=12)
+    assert "Different tests were collected" not in result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["overflow cases: 12 collected: 0 passed, 0 failed, 12 skipped"])
+
+
+def test_the_sweep_summary_without_nvcc_or_gpu(pytester: pytest.Pytester, monkeypatch) -> None:
+    monkeypatch.setenv("GN_NVCC", str(pytester.path / "no-nvcc"))
+    result = pytester.runpytest_subprocess(
+        "--gn-arch-sweep", "--gn-profiles", "A100", "--gn-arch", "both", "-p", "no:cacheprovider"
+    )
+    result.stdout.fnmatch_lines([
+        "*gn summary*",
+        "overflow cases: 219 collected: 0 passed, 0 failed, 219 skipped",
+        "  this GPU: 147 (72 natural, 72 capped, 3 over 2**31 elements; 49 of them task kernel cases): *",
+        "  profiles: 72 (1 profiles, 72 each): *",
+        "arch sweep (*; tasks = the task kernels' one-pass forward: chunks a block keeps, blocks on the *",
+        "profile*residency f,b*tasks slots,res*cases*",
+        "A100*sm_80*108*72*0*0*72*no (no GPU)",
+        "cases column total: 219 = the overflow cases collected",
+        "GPU part skipped (*): none of the 219 overflow cases ran (72 profile cases, 147 cases of this GPU), "
+        "and the 18 self-check tests were skipped",
+    ])  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
