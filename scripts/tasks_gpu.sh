@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The task architecture on one GPU in one call (an H200: about 6-8 minutes), logs under OUTDIR:
+#   1. warm the caches (native + PTX variants, ptxas reports of the sweep's profiles: scripts/prebuild.py);
+#   2. the forward check (correctness, bitwise across caps and schedules, timings against the tile kernels);
+#   3. the task backward's GPU tests (GN_ARCH=tasks+bwd, tests/gpu/test_task_backward.py);
+#   4. the plugin's task cases (`--gn-arch tasks`), then with the planted task-overflow-drop bug (must go red);
+#   5. forward and backward benchmarks of the task kernels with eager and torch.compile in the same run.
+#   bash scripts/tasks_gpu.sh OUTDIR
+# Set TASKS_GPU_SKIP="3 5" (step numbers) to leave steps out. Exit 1 when a step that must pass fails,
+# or the planted bug is not caught.
+set -uo pipefail
+out=${1:?usage: tasks_gpu.sh OUTDIR}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.." || exit 1
+export PYTHONUNBUFFERED=1
+status=0
+skip() { [[ " ${TASKS_GPU_SKIP:-} " == *" $1 "* ]]; }
+step() { echo "== $*" | tee -a "$out/summary.txt"; }
+tail_to_summary() { tail -n "$2" "$1" | tee -a "$out/summary.txt"; }
+
+step "1 caches"
+python3 scripts/prebuild.py 2>&1 | tail -1 | tee -a "$out/summary.txt"
+
+if ! skip 2; then
+  step "2 forward check (GN_ARCH=tasks)"
+  GN_ARCH=tasks python3 scripts/task_forward_check.py --quick --json "$out/fwd_check.json" >"$out/fwd_check.log" 2>&1 \
+    || status=1
+  grep -v '^{' "$out/fwd_check.log" | grep -v '^ok' | tail -n 14 | tee -a "$out/summary.txt"
+fi
+
+if ! skip 3; then
+  step "3 task backward tests (GN_ARCH=tasks+bwd)"
+  python3 -m pytest tests/gpu/test_task_backward.py -q -p no:randomly -p xdist -n 4 >"$out/bwd_tests.log" 2>&1 || status=1
+  tail_to_summary "$out/bwd_tests.log" 3
+fi
+
+if ! skip 4; then
+  step "4 plugin task cases (49 on this GPU + self-check), then with the planted task-overflow-drop bug"
+  python3 -m pytest -p xdist -n 8 -q --gn-arch tasks --pyargs pytest_gn.suite >"$out/plugin_tasks.log" 2>&1 || status=1
+  tail_to_summary "$out/plugin_tasks.log" 3
+  # expected: the 37 cases whose blocks re-read chunks (all but x1) fail, the 12 x1 cases pass
+  planted=$(python3 scripts/plant_bug.py task-overflow-drop)
+  if GN_CSRC_DIR="$planted" python3 -m pytest -p xdist -n 8 -q --gn-arch tasks --pyargs pytest_gn.suite -k "fwd-tasks" \
+    >"$out/plugin_tasks_planted.log" 2>&1; then
+    echo "UNEXPECTED: the planted bug passed" | tee -a "$out/summary.txt"
+    status=1
+  fi
+  tail_to_summary "$out/plugin_tasks_planted.log" 3
+fi
+
+if ! skip 5; then
+  step "5 benchmarks (GN_ARCH=tasks+bwd), fp16, with eager and torch.compile"
+  GN_ARCH=tasks+bwd python3 -m gn_module.bench --dtypes fp16 \
+    --impls ours-auto,ours-1pass,ours-2pass,eager,compile-cl,compile-nchw --reps 25 --max-seconds 0.1 \
+    --json "$out/tasks_bench.json" --markdown "$out/tasks_bench.md" >"$out/tasks_bench.log" 2>&1 || status=1
+  tail_to_summary "$out/tasks_bench.log" 4
+fi
+exit $status
+
+# Not run here (minutes more): the sweep's task cases, `pytest -p xdist -n 8 --gn-arch-sweep --gn-arch tasks`
+# (337 cases), and the same with the planted bug and -k "fwd-tasks" (about 183 of them should fail).
