@@ -3,6 +3,10 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "gn_kernels.cuh"
 #include "gn_launch.h"
 
@@ -42,9 +46,29 @@ inline int attributes_of(const void* kernel, int* regs, int* static_smem, int* l
 }
 
 // Dynamic shared memory above 48 KB needs an explicit opt-in per kernel.
+// Lets `kernel` take `smem` bytes of dynamic shared memory on the current device. The driver call
+// sits on every launch's host path, so the largest size already allowed per (kernel, device) is
+// remembered and the call skipped when it covers `smem`.
 inline cudaError_t allow_smem(const void* kernel, int smem) {
   if (smem <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> allowed;
+  const std::pair<const void*, int> key(kernel, device);
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto it = allowed.find(key);
+    if (it != allowed.end() && it->second >= smem) return cudaSuccess;
+  }
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    int& most = allowed[key];
+    most = most > smem ? most : smem;
+  }
+  return err;
 }
 
 inline cudaError_t occupancy_of(const void* kernel, int smem, int* blocks) {
