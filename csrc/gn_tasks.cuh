@@ -556,6 +556,29 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, T* y, int64_t 
   }
 }
 
+// Walks the chunks [0, chunks) of a member's range newest first through the ring of `slots` (chunk q
+// lives in slot q % slots): `read(q, slot)` fills a slot if chunk q is to be read (returns 1 then,
+// else 0; q may be negative), `use(q, slot)` consumes one, and each slot is refilled with the chunk
+// `slots` older as soon as this thread has used it. Returns the reads.
+template <typename Read, typename Use>
+__device__ __forceinline__ int walk_ring_backwards(int chunks, int slots, Read&& read, Use&& use) {
+  const int last_slot = chunks > 0 ? (chunks - 1) % slots : 0;
+  int reads = 0;
+  for (int i = 0, slot = last_slot; i < slots; ++i, slot = prev_slot(slot, slots)) {
+    reads += read(chunks - 1 - i, slot);
+    cp_async_commit();
+  }
+  int slot = last_slot;
+  for (int q = chunks - 1; q >= 0; --q) {
+    cp_async_wait(slots - 1);
+    use(q, slot);
+    reads += read(q - slots, slot);  // this thread's elements of the slot are consumed: refill it
+    cp_async_commit();
+    slot = prev_slot(slot, slots);
+  }
+  return reads;
+}
+
 // Writes y for the tiles [t0, t1) of `task`, chunks in reverse order, with the group statistics in
 // sm.grp and the parameters in sm.param (both visible). The last `kept` chunks are already in their
 // slots (member_stats just read them); the others are read again, each into the slot its successor
@@ -583,32 +606,18 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     }
     return 0;
   };
-  const int last_slot = chunks > 0 ? (chunks - 1) % slots : 0;
-  int reread = 0;
-  for (int i = 0, slot = last_slot; i < slots; ++i, slot = prev_slot(slot, slots)) {
-    reread += reread_into(chunks - 1 - i, slot);
-    cp_async_commit();
-  }
-  int use_slot = last_slot;
-  for (int q = chunks - 1; q >= 0; --q) {
-    cp_async_wait(slots - 1);
-    if (lane.active) {
-      const T* s = mine + use_slot * sm.slot_elems;
-      T* y = out + tc.offset(q);
-      const int limit = tc.limit(q);
-      // the activation is chosen once per chunk, so the row loop has no branches
-      if (a.act == 1) {
-        apply_rows<T, V, true>(s, sstep, y, gstep, rt, limit, coefs);
-      } else {
-        apply_rows<T, V, false>(s, sstep, y, gstep, rt, limit, coefs);
-      }
+  const int reread = walk_ring_backwards(chunks, slots, reread_into, [&](int q, int slot) {
+    if (!lane.active) return;
+    const T* s = mine + slot * sm.slot_elems;
+    T* y = out + tc.offset(q);
+    const int limit = tc.limit(q);
+    // the activation is chosen once per chunk, so the row loop has no branches
+    if (a.act == 1) {
+      apply_rows<T, V, true>(s, sstep, y, gstep, rt, limit, coefs);
+    } else {
+      apply_rows<T, V, false>(s, sstep, y, gstep, rt, limit, coefs);
     }
-    // This thread's elements of this slot are consumed (the stores above used them): refill it
-    // with chunk q - slots, which lives in the same slot.
-    reread += reread_into(q - slots, use_slot);
-    cp_async_commit();
-    use_slot = prev_slot(use_slot, slots);
-  }
+  });
   __syncthreads();  // sm.grp and sm.param are rewritten for the next task
   return reread;
 }
@@ -856,33 +865,24 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
-  auto read_into = [&](int q, int slot) {
-    if (q >= 0 && lane.active) {
+  auto read_into = [&](int q, int slot) {  // every chunk is read again (nothing was kept)
+    if (q < 0) return 0;
+    if (lane.active) {
       const int64_t off = tc.offset(q);
       const int limit = tc.limit(q);
       T* s = mine + slot * sm.slot_elems;
       copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
       copy_rows<T, V>(dy + off, gstep, s + sm.tensor_elems, sstep, rt, limit);
     }
+    return 1;
   };
-  const int last_slot = chunks > 0 ? (chunks - 1) % slots : 0;
-  for (int i = 0, slot = last_slot; i < slots; ++i, slot = prev_slot(slot, slots)) {
-    read_into(chunks - 1 - i, slot);
-    cp_async_commit();
-  }
-  int use_slot = last_slot;
-  for (int q = chunks - 1; q >= 0; --q) {
-    cp_async_wait(slots - 1);
-    if (lane.active) {
-      const T* s = mine + use_slot * sm.slot_elems;
-      apply_rows_bwd<T, V, kSilu>(s, s + sm.tensor_elems, sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);
-    }
-    read_into(q - slots, use_slot);  // lives in the slot this thread just consumed
-    cp_async_commit();
-    use_slot = prev_slot(use_slot, slots);
-  }
+  const int reads = walk_ring_backwards(chunks, slots, read_into, [&](int q, int slot) {
+    if (!lane.active) return;
+    const T* s = mine + slot * sm.slot_elems;
+    apply_rows_bwd<T, V, kSilu>(s, s + sm.tensor_elems, sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);
+  });
   __syncthreads();  // sm.* are rewritten for the next task
-  return chunks;
+  return reads;
 }
 
 }  // namespace gn
