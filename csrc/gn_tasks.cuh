@@ -422,10 +422,52 @@ __device__ void combine_task(const GnArgs& a, int64_t task) {
   });
 }
 
+// The window-local group of each of a thread's V channels (column `col`; the last group for
+// channels past the window): one division, then stepped.
+template <int V>
+__device__ __forceinline__ void column_groups(const GnArgs& a, int col, int (&g)[V]) {
+  const int cpg = channels_per_group(a), last = groups_per_window(a) - 1;
+  const int c = col * V;
+  int q = c / cpg, in_group = c - q * cpg;
+#pragma unroll
+  for (int v = 0; v < V; ++v, ++in_group) {
+    if (in_group == cpg) {
+      ++q;
+      in_group = 0;
+    }
+    g[v] = min(q, last);
+  }
+}
+
 // ---------------------------------------------------------------- one member's phases
 // The next slot of a ring of `slots`, forwards and backwards (chunk q lives in slot q % slots).
 __device__ __forceinline__ int next_slot(int i, int slots) { return i + 1 == slots ? 0 : i + 1; }
 __device__ __forceinline__ int prev_slot(int i, int slots) { return i == 0 ? slots - 1 : i - 1; }
+
+// Walks the chunks [0, chunks) of a member's range oldest first through the ring of `slots` (chunk q
+// lives in slot q % slots): the first slots - 1 are read ahead (`read(q, slot)`, one copy group each),
+// `started()` runs once they are in flight, then each step reads the chunk slots - 1 ahead into the
+// slot this thread has just used, waits for this thread's copies of chunk q and calls `use(q, slot)`.
+template <typename Read, typename Started, typename Use>
+__device__ __forceinline__ void walk_ring_forwards(int chunks, int slots, Read&& read, Started&& started, Use&& use) {
+  const int ahead = slots - 1;
+  int load_q = 0, load_slot = 0;
+  auto issue = [&]() {
+    if (load_q < chunks) read(load_q, load_slot);
+    cp_async_commit();  // (empty past the range: the wait below counts groups)
+    ++load_q;
+    load_slot = next_slot(load_slot, slots);
+  };
+  for (int i = 0; i < ahead; ++i) issue();
+  started();
+  int slot = 0;
+  for (int q = 0; q < chunks; ++q) {
+    issue();
+    cp_async_wait(ahead);
+    use(q, slot);
+    slot = next_slot(slot, slots);
+  }
+}
 
 // Reduces the tiles [t0, t1) of `task` chunk by chunk through the ring of `slots` chunks (the next
 // slots - 1 chunks are in flight while one is summed) and writes their partials. On return the last
@@ -442,77 +484,50 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   const int64_t tiles = a.tiles_per_task;
   float2* parts = const_cast<float2*>(task_partials(a, task));
   const int cpg = channels_per_group(a);
-  const int slots = a.slots, ahead = slots - 1;
   const int cpt = chunks_per_tile(a);
   const int chunks = static_cast<int>(t1 - t0) * cpt;
   const int rt = a.rows_threads;
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;  // this thread's place in slot 0
-  int load_q = 0, load_slot = 0;
-  auto issue = [&]() {  // the next chunk in order into its slot, one copy group per call
-    if (load_q < chunks && lane.active) {
-      copy_rows<T, V>(base + tc.offset(load_q), gstep, mine + load_slot * sm.slot_elems, sstep, rt, tc.limit(load_q));
-    }
-    cp_async_commit();
-    ++load_q;
-    load_slot = next_slot(load_slot, slots);
-  };
   // The shifts (x[n, row 0, group's first channel]) are loaded ahead of the chunk copies, so they
   // return before the first chunk instead of queueing behind all of them, and converted after the
   // copies are issued (a conversion here would wait for the load and hold the copies up).
   T raw[V];
   {
-    const int c = lane.col * V;  // the group of channel c + v, stepped: one division
-    int first = c / cpg * cpg;
+    int g[V];
+    column_groups<V>(a, lane.col, g);
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
-      if (c + v - first == cpg) first += cpg;
-      raw[v] = lane.active && c + v < a.window ? base[first] : base[0];
-    }
+    for (int v = 0; v < V; ++v) raw[v] = lane.active && lane.col * V + v < a.window ? base[g[v] * cpg] : base[0];
   }
-  for (int i = 0; i < ahead; ++i) issue();
   float shift[V], s1[V], s2[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    shift[v] = lane.active ? to_float(raw[v]) : 0.f;
-    s1[v] = s2[v] = 0.f;
-  }
-  if (trace >= 0) trace_point(a, trace);
-  int use_slot = 0, in_tile = 0;
+  int in_tile = 0;
   int64_t tile = t0;
-  for (int q = 0; q < chunks; ++q) {
-    issue();  // chunk q + ahead, into the slot of chunk q - 1, which this thread has summed
-    cp_async_wait(ahead);
-    if (trace >= 0 && q == 0) trace_point(a, trace + 1);
-    if (lane.active) accumulate_rows<T, V>(mine + use_slot * sm.slot_elems, sstep, rt, tc.limit(q), shift, s1, s2);
-    use_slot = next_slot(use_slot, slots);
-    if (++in_tile == cpt) {
-      finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);
-      if (trace >= 0 && tile == t0) trace_point(a, trace + 2);
-      in_tile = 0;
-      ++tile;
-    }
-  }
+  walk_ring_forwards(
+      chunks, a.slots,
+      [&](int q, int slot) {
+        if (lane.active) copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q));
+      },
+      [&]() {
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          shift[v] = lane.active ? to_float(raw[v]) : 0.f;
+          s1[v] = s2[v] = 0.f;
+        }
+        if (trace >= 0) trace_point(a, trace);
+      },
+      [&](int q, int slot) {
+        if (trace >= 0 && q == 0) trace_point(a, trace + 1);
+        if (lane.active) accumulate_rows<T, V>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), shift, s1, s2);
+        if (++in_tile == cpt) {
+          finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);
+          if (trace >= 0 && tile == t0) trace_point(a, trace + 2);
+          in_tile = 0;
+          ++tile;
+        }
+      });
   if (trace >= 0) trace_point(a, trace + 3);
   return chunks;
-}
-
-// The window-local group of each of a thread's V channels (column `col`; the last group for
-// channels past the window): one division, then stepped.
-template <int V>
-__device__ __forceinline__ void column_groups(const GnArgs& a, int col, int (&g)[V]) {
-  const int cpg = channels_per_group(a), last = groups_per_window(a) - 1;
-  const int c = col * V;
-  int q = c / cpg, in_group = c - q * cpg;
-#pragma unroll
-  for (int v = 0; v < V; ++v, ++in_group) {
-    if (in_group == cpg) {
-      ++q;
-      in_group = 0;
-    }
-    g[v] = min(q, last);
-  }
 }
 
 // The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory.
@@ -700,53 +715,46 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
   const T* x = static_cast<const T*>(a.x) + base;
   const T* dy = static_cast<const T*>(a.dy) + base;
   float2* parts = bwd_partials(a, task);
-  const int slots = a.slots, ahead = slots - 1;
   const int cpt = chunks_per_tile(a);
   const int chunks = static_cast<int>(t1 - t0) * cpt;
   const int rt = a.rows_threads;
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
-  int load_q = 0, load_slot = 0;
-  auto issue = [&]() {  // the next chunk pair in order into its slot, one copy group per call
-    if (load_q < chunks && lane.active) {
-      const int64_t off = tc.offset(load_q);
-      const int limit = tc.limit(load_q);
-      T* s = mine + load_slot * sm.slot_elems;
-      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
-      copy_rows<T, V>(dy + off, gstep, s + sm.tensor_elems, sstep, rt, limit);
-    }
-    cp_async_commit();
-    ++load_q;
-    load_slot = next_slot(load_slot, slots);
-  };
-  for (int i = 0; i < ahead; ++i) issue();
   const BwdCoefs<V> k(a, sm.grp, sm.param, lane.col);
   float s1[V], s2[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
-  int use_slot = 0, in_tile = 0;
+  int in_tile = 0;
   int64_t tile = t0;
-  for (int q = 0; q < chunks; ++q) {
-    issue();
-    cp_async_wait(ahead);
-    if (lane.active) {
-      const T* s = mine + use_slot * sm.slot_elems;
-      if (a.act == 1) {
-        accumulate_rows_bwd<T, V, true>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
-      } else {
-        accumulate_rows_bwd<T, V, false>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
-      }
-    }
-    use_slot = next_slot(use_slot, slots);
-    if (++in_tile == cpt) {
-      fold_channels<T, V>(a, lane, sm, s1, s2);
-      float2* out = parts + tile * a.window;
-      for (int i = threadIdx.x; i < a.window; i += kThreads) out[i] = sm.chan[i];
-      in_tile = 0;
-      ++tile;
-    }
-  }
+  walk_ring_forwards(
+      chunks, a.slots,
+      [&](int q, int slot) {  // the x and dy chunks of a pair in one copy group
+        if (!lane.active) return;
+        const int64_t off = tc.offset(q);
+        const int limit = tc.limit(q);
+        T* s = mine + slot * sm.slot_elems;
+        copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
+        copy_rows<T, V>(dy + off, gstep, s + sm.tensor_elems, sstep, rt, limit);
+      },
+      [] {},
+      [&](int q, int slot) {
+        if (lane.active) {
+          const T* s = mine + slot * sm.slot_elems;
+          if (a.act == 1) {
+            accumulate_rows_bwd<T, V, true>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
+          } else {
+            accumulate_rows_bwd<T, V, false>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
+          }
+        }
+        if (++in_tile == cpt) {
+          fold_channels<T, V>(a, lane, sm, s1, s2);
+          float2* out = parts + tile * a.window;
+          for (int i = threadIdx.x; i < a.window; i += kThreads) out[i] = sm.chan[i];
+          in_tile = 0;
+          ++tile;
+        }
+      });
   return chunks;
 }
 

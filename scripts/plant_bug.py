@@ -41,7 +41,7 @@ BWD_ONEPASS_TILE_CALL = (
 FWD_ONEPASS_TILE_CALL = "    fwd_tile<T, V, kBatchOnepassForward>(a, t, is_last ? keep : nullptr, scratch);"
 TILE_OFFSET = "  __device__ int64_t offset(const GnArgs& a) const { return (n * a.s + row0) * a.c; }"
 TILE_SAMPLE = "    n = tile / a.tiles_per_slice;"
-TASK_FINISH_TILE = "      finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);"
+TASK_FINISH_TILE = "          finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);"
 GROUPS_OF_VECTOR = "  for (int v = 0; v < V; ++v) g[v] = first == last ? first : (c + v) / d;"
 
 PLANTINGS = {
@@ -105,9 +105,9 @@ PLANTINGS = {
     ),
     "task-overflow-drop": Planting(
         "gn_tasks.cuh", TASK_FINISH_TILE,
-        "      // PLANTED: a member that cannot keep all its chunks loses its first tile\n"
-        "      if (!(chunks > slots && tile == t0))\n"
-        "        finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);",
+        "          // PLANTED: a member that cannot keep all its chunks loses its first tile\n"
+        "          if (!(chunks > a.slots && tile == t0))\n"
+        "            finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);",
         "task kernels (GN_ARCH=tasks): a block with more chunks than slots (overflow) never publishes its "
         "first tile's partial; caught by scripts/task_forward_check.py (caps 1-7)",
         "fwd and not x1-", True,
