@@ -358,7 +358,7 @@ def test_the_planted_task_overflow_drop_can_fire_in_every_scope() -> None:
     has more chunks of a task than slots. Every scope has such cases, for every act and dtype, and
     exactly its cases outside x1 (the planting's -k "fwd and not x1-") have them, so x1 passes."""
     planting = _plant_bug().PLANTINGS["task-overflow-drop"]
-    assert "chunks > slots && tile == t0" in planting.replacement and planting.select == "fwd and not x1-"
+    assert "chunks > a.slots && tile == t0" in planting.replacement and planting.select == "fwd and not x1-"
     for scope in SCOPES:
         fires = []
         for spec in (s for s in SPECS if scope_of(s) == scope and not s.big):
