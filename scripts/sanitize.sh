@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # compute-sanitizer's four tools over scripts/sanitize_workload.py; prints one summary line per tool.
-# Usage: bash scripts/sanitize.sh [LOGDIR]
+# Usage: [SANITIZE_TOOLS="memcheck ..."] bash scripts/sanitize.sh [LOGDIR]
+# GN_ARCH in the environment picks the kernels the workload runs (tasks, tasks+bwd).
 set -uo pipefail
 out=${1:-sanitize-logs}
 mkdir -p "$out"
 python3 -c "import torch; from gn_module import build; build.load(None, torch.cuda.get_device_capability())"
 status=0
-for tool in memcheck racecheck synccheck initcheck; do
+for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
   # Only our kernels are checked (torch's own are not ours to fix), except by initcheck: it must see
   # torch's kernels write the inputs, or it reports every input read as uninitialized.
   filter=(--kernel-name kns=_ZN2gn)

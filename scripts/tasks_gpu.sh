@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The task architecture on one GPU in one call (an H200: about 6-8 minutes), logs under OUTDIR:
+# The task architecture on one GPU in one call (an H200: about 6-8 minutes for steps 1-5, 4 more for 6-8), logs under OUTDIR:
 #   1. warm the caches (native + PTX variants, ptxas reports of the sweep's profiles: scripts/prebuild.py);
 #   2. the forward check (correctness, bitwise across caps and schedules, timings against the tile kernels);
 #   3. the task backward's GPU tests (GN_ARCH=tasks+bwd, tests/gpu/test_task_backward.py);
 #   4. the plugin's task cases (`--gn-arch tasks`), then with the planted task-overflow-drop bug (must go red);
-#   5. forward and backward benchmarks of the task kernels with eager and torch.compile in the same run.
+#   5. forward and backward benchmarks of the task kernels with eager and torch.compile in the same run;
+#   6. the whole GPU suite with GN_ARCH=tasks (and its bitwise and task-backward tests with tasks+bwd);
+#   7. the arch sweep's task cases on every profile, then with the planted bug (must go red);
+#   8. compute-sanitizer over the task kernels.
 #   bash scripts/tasks_gpu.sh OUTDIR
 # Set TASKS_GPU_SKIP="3 5" (step numbers) to leave steps out. Exit 1 when a step that must pass fails,
 # or the planted bug is not caught.
@@ -55,7 +58,31 @@ if ! skip 5; then
     --json "$out/tasks_bench.json" --markdown "$out/tasks_bench.md" >"$out/tasks_bench.log" 2>&1 || status=1
   tail_to_summary "$out/tasks_bench.log" 4
 fi
-exit $status
+if ! skip 6; then
+  step "6 the GPU suite with GN_ARCH=tasks, and the bitwise and task-backward tests with GN_ARCH=tasks+bwd"
+  GN_ARCH=tasks python3 -m pytest tests/gpu -q -p no:randomly -p xdist -n 8 >"$out/gpu_suite_tasks.log" 2>&1 || status=1
+  tail_to_summary "$out/gpu_suite_tasks.log" 2
+  GN_ARCH=tasks+bwd python3 -m pytest tests/gpu/test_kernels.py tests/gpu/test_task_backward.py -q -p no:randomly \
+    -p xdist -n 8 >"$out/gpu_suite_tasks_bwd.log" 2>&1 || status=1
+  tail_to_summary "$out/gpu_suite_tasks_bwd.log" 2
+fi
 
-# Not run here (minutes more): the sweep's task cases, `pytest -p xdist -n 8 --gn-arch-sweep --gn-arch tasks`
-# (337 cases), and the same with the planted bug and -k "fwd-tasks" (about 183 of them should fail).
+if ! skip 7; then
+  step "7 the arch sweep's task cases (every profile), then with the planted task-overflow-drop bug"
+  python3 -m pytest -p xdist -n 8 -q --gn-arch-sweep --gn-arch tasks >"$out/sweep_tasks.log" 2>&1 || status=1
+  tail_to_summary "$out/sweep_tasks.log" 2
+  planted=$(python3 scripts/plant_bug.py task-overflow-drop)
+  if GN_CSRC_DIR="$planted" python3 -m pytest -p xdist -n 8 -q --gn-arch-sweep --gn-arch tasks -k "fwd-tasks" \
+    >"$out/sweep_tasks_planted.log" 2>&1; then
+    echo "UNEXPECTED: the planted bug passed the sweep" | tee -a "$out/summary.txt"
+    status=1
+  fi
+  tail_to_summary "$out/sweep_tasks_planted.log" 1
+fi
+
+if ! skip 8; then
+  step "8 compute-sanitizer (memcheck, racecheck, synccheck) over the task kernels (GN_ARCH=tasks+bwd)"
+  GN_ARCH=tasks+bwd SANITIZE_TOOLS="memcheck racecheck synccheck" bash scripts/sanitize.sh "$out/sanitize" \
+    2>&1 | tee -a "$out/summary.txt" || status=1
+fi
+exit $status

@@ -341,11 +341,14 @@ def task_plan(
 ) -> schedule.TaskPlan | None:
     """The task-architecture plan for this device, or None where the task kernels do not apply.
 
-    The backward runs on them only with GN_ARCH=tasks+bwd (not yet validated on a GPU) and only
-    two-pass: passes=1 keeps the tile kernels' one-pass backward there.
+    The backward runs on them only with GN_ARCH=tasks+bwd. It has one schedule, two launches, and
+    `passes=1` runs that too: the tile kernels' one-pass backward sums in another order, and a
+    result must not change its bits with the schedule asked for.
     """
-    if direction == "bwd" and (current_arch() != "tasks+bwd" or schedule_ == 1):
-        return None
+    if direction == "bwd":
+        if current_arch() != "tasks+bwd":
+            return None
+        schedule_ = 2
     n, s, c = _nsc(shape)
     name = _dtype_name(dtype)
     t = schedule.task_tiling(c, num_groups, s, schedule.ITEMSIZE[name], direction, batch=n, aligned=aligned)

@@ -65,11 +65,15 @@ def test_task_backward_is_bitwise_equal_across_grids(dtype):
             assert torch.equal(a, b_)
 
 
-def test_passes_1_keeps_the_tile_backward():
+def test_passes_1_runs_the_task_backward_with_the_same_bits():
+    # the task backward has one schedule; the tile one-pass backward would sum in another order
     x, w, b, dy = make_case((2, 64, 20, 20), 16, torch.float16)
     with ops.launch_record() as rec:
-        run(x, 16, w, b, None, 1, dy)
-    assert rec["bwd"]["arch"] == 1 and rec["fwd"]["arch"] == 2
+        one = run(x, 16, w, b, "silu", 1, dy)
+    assert rec["bwd"]["arch"] == 2 and rec["bwd"]["schedule"] == 2 and rec["fwd"]["schedule"] == 1
+    two = run(x, 16, w, b, "silu", 2, dy)
+    for a, b_ in zip(one, two, strict=True):
+        assert torch.equal(a, b_)
 
 
 def test_no_affine_writes_no_parameter_gradients():
