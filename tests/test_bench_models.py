@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,10 @@ from torch import nn
 
 import gn_module
 from gn_module.bench import cli as bench_cli
+from gn_module.bench import gn_share as gs
 from gn_module.bench import model_zoo
 from gn_module.bench import models as bm
+from gn_module.bench.gn_share import GnShare
 from gn_module.bench.models import Measurement, ModelsReport, Row
 
 SRC = str(Path(gn_module.__file__).resolve().parents[1])
@@ -139,6 +142,290 @@ def test_time_steps_cpu_counts_every_step() -> None:
     assert len(times) == 3 == len(calls) and all(t >= 0 for t in times)
 
 
+@pytest.mark.parametrize(
+    ("steps", "rounds", "sizes"),
+    [(20, 5, [4, 4, 4, 4, 4]), (7, 3, [3, 2, 2]), (2, 5, [1, 1]), (3, 1, [3]), (1, 2, [1])],
+)
+def test_round_sizes_split_the_steps_evenly(steps: int, rounds: int, sizes: list[int]) -> None:
+    assert bm.round_sizes(steps, rounds) == sizes
+
+
+def _trainer(config: str, order: list[str], fail_on: int | None = None) -> bm.Trainer:
+    calls = iter(range(1, 100))
+
+    def step() -> torch.Tensor:
+        order.append(config)
+        if next(calls) == fail_on:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return torch.tensor(1.0)
+
+    return bm.Trainer(Measurement(config), step)
+
+
+def test_time_rounds_alternates_configurations_and_rotates_the_first() -> None:
+    order: list[str] = []
+    trainers = [_trainer(c, order) for c in bm.CONFIGS]
+    bm.time_rounds(trainers, bm.Settings(steps=6, rounds=3), torch.device("cpu"))
+    cl, nchw, sw = bm.CONFIGS
+    assert order == [cl, cl, nchw, nchw, sw, sw, nchw, nchw, sw, sw, cl, cl, sw, sw, cl, cl, nchw, nchw]
+    for t in trainers:
+        m = bm.finish(t, torch.device("cpu"))
+        assert len(m.times_ms) == 6 and len(m.round_ms) == 3 and m.last_loss == 1.0
+        assert m.median_ms == sorted(m.round_ms)[1]  # the median of the round medians
+        assert t.step is None  # finish() lets the model go
+
+
+def test_time_rounds_a_failing_configuration_drops_out() -> None:
+    order: list[str] = []
+    cl, nchw, sw = bm.CONFIGS
+    trainers = [_trainer(cl, order), _trainer(nchw, order), _trainer(sw, order, fail_on=3)]
+    bm.time_rounds(trainers, bm.Settings(steps=6, rounds=3), torch.device("cpu"))
+    assert order.count(sw) == 3 and order.count(cl) == order.count(nchw) == 6
+    failed = bm.finish(trainers[2], torch.device("cpu"))
+    assert failed.error == "OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB"
+    assert failed.times_ms == [] and failed.median_ms is None and not failed.ok
+    assert all(bm.finish(t, torch.device("cpu")).ok for t in trainers[:2])
+
+
+# ---------------------------------------------------------------- GroupNorm's share: synthetic events
+
+
+@dataclasses.dataclass(eq=False)
+class Kern:
+    name: str
+    duration: float  # us
+
+
+@dataclasses.dataclass(eq=False)
+class Op:
+    """The FunctionEvent attributes gn_share reads; `op` links children to their parent."""
+
+    name: str
+    cpu_time_total: float = 0.0
+    kernels: list[Kern] = dataclasses.field(default_factory=list)
+    cpu_children: list[Op] = dataclasses.field(default_factory=list)
+    cpu_parent: Op | None = None
+
+
+def op(name: str, *children: Op, us: float = 0.0, kernels: tuple[tuple[str, float], ...] = ()) -> Op:
+    node = Op(name, us, [Kern(k, d) for k, d in kernels], list(children))
+    for c in children:
+        c.cpu_parent = node
+    return node
+
+
+def flatten(*roots: Op) -> list[Op]:
+    out: list[Op] = []
+    for r in roots:
+        out += [r, *flatten(*r.cpu_children)]
+    return out
+
+
+def _contiguous(copy_us: float, cpu_us: float = 0.0) -> Op:
+    """torch's channels_last -> NCHW copy: contiguous > clone > copy_, the kernel on copy_."""
+    return op(
+        "aten::contiguous",
+        op(
+            "aten::clone",
+            op(
+                "aten::copy_",
+                us=cpu_us / 2,
+                kernels=(("elementwise_kernel<copy>", copy_us),) if copy_us else (),
+            ),
+        ),
+        us=cpu_us,
+    )
+
+
+def step_events() -> list[Op]:
+    """One synthetic bf16 step on CUDA: conv -> GroupNorm (autocast) -> LayerNorm, then the backward."""
+    forward = op(
+        "aten::group_norm",  # autocast's: casts to fp32, then calls aten::group_norm again
+        op("aten::to", op("aten::_to_copy", op("aten::copy_", kernels=(("cast_bf16_fp32", 5.0),)))),
+        op(
+            "aten::group_norm",
+            _contiguous(30.0),
+            op(
+                "aten::native_group_norm",
+                kernels=(("RowwiseMomentsCUDAKernel<float>", 10.0), ("GroupNorm4dForward", 20.0)),
+            ),
+        ),
+    )
+    backward = op(
+        "autograd::engine::evaluate_function: NativeGroupNormBackward0",
+        op(
+            "NativeGroupNormBackward0",
+            _contiguous(15.0),
+            op(
+                "aten::native_group_norm_backward",
+                kernels=(("ComputeInternalGradientsCUDAKernel", 12.0), ("GammaBetaBackwardCUDAKernel", 8.0)),
+            ),
+        ),
+        op("aten::add_", kernels=(("add_kernel", 7.0),)),  # the engine summing a residual's gradients
+    )
+    others = [
+        op("aten::conv2d", op("aten::cudnn_convolution", kernels=(("sm90_xmma_fprop", 100.0),))),
+        op(
+            "aten::layer_norm",
+            op("aten::native_layer_norm", kernels=(("RowwiseMomentsCUDAKernel<float>", 9.0),)),
+        ),
+    ]
+    return flatten(others[0], forward, others[1], backward)
+
+
+def test_gn_share_attributes_kernels_by_their_op_not_their_name() -> None:
+    share = gs.gn_share(step_events() + step_events(), steps=2)
+    assert share.source == gs.DEVICE_SOURCE and share.steps == 2
+    assert share.forward_ms == pytest.approx(0.030)  # RowwiseMoments + apply, per step
+    assert share.backward_ms == pytest.approx(0.020)
+    assert share.copy_ms == pytest.approx(0.050)  # the cast and both contiguous copies
+    assert share.total_ms == pytest.approx(0.100)
+    assert (share.forward_calls, share.backward_calls) == (1, 1)  # nested ops count once
+    # LayerNorm's RowwiseMoments, the convolution and the engine's add_ are not GroupNorm's...
+    assert share.named_elsewhere_ms == pytest.approx(0.009)  # ...but the look-alike is reported
+    assert share.top_kernels[0] == ("elementwise_kernel<copy>", pytest.approx(0.045))
+    assert dict(share.top_kernels)["RowwiseMomentsCUDAKernel<float>"] == pytest.approx(0.010)
+    d = share.as_dict()
+    assert d["total_ms"] == pytest.approx(0.1) and d["top_kernels"][0]["name"] == "elementwise_kernel<copy>"
+    json.dumps(d)
+
+
+def test_gn_roots_are_the_outermost_groupnorm_ops() -> None:
+    roots = gs.gn_roots(step_events())
+    assert [r.name for r in roots] == ["aten::group_norm", "NativeGroupNormBackward0"]
+    assert roots[0].cpu_parent is None and roots[1].cpu_parent is not None  # under evaluate_function
+
+
+def test_gn_share_on_the_cpu_counts_op_time() -> None:
+    forward = op(
+        "aten::group_norm", _contiguous(0.0, cpu_us=40.0), op("aten::native_group_norm", us=100.0), us=150.0
+    )
+    backward = op("NativeGroupNormBackward0", op("aten::native_group_norm_backward", us=200.0), us=210.0)
+    share = gs.gn_share(
+        flatten(op("aten::conv2d", us=500.0), forward, backward), steps=1, source=gs.CPU_SOURCE
+    )
+    assert share.source == gs.CPU_SOURCE
+    assert share.copy_ms == pytest.approx(0.040)  # contiguous once, not again for clone and copy_
+    assert share.forward_ms == pytest.approx(0.110) and share.backward_ms == pytest.approx(0.210)
+    assert share.top_kernels == () and share.named_elsewhere_ms == 0
+
+
+def test_gn_share_without_groupnorm_is_zero() -> None:
+    share = gs.gn_share(flatten(op("aten::conv2d", kernels=(("conv", 5.0),))), steps=3)
+    assert share.total_ms == 0 and share.forward_calls == 0
+
+
+@pytest.mark.parametrize(("steps", "source"), [(0, gs.DEVICE_SOURCE), (1, "gpu")])
+def test_gn_share_rejects_bad_arguments(steps: int, source: str) -> None:
+    with pytest.raises(ValueError, match=r"^(steps|source) must be"):
+        gs.gn_share([], steps=steps, source=source)
+
+
+def test_profile_gn_on_the_cpu_finds_torch_groupnorm() -> None:
+    model = TinyNet().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+
+    def step() -> None:
+        model(x).sum().backward()
+
+    share = gs.profile_gn(step, 2, torch.device("cpu"))
+    assert share.source == gs.CPU_SOURCE and share.steps == 2
+    assert (share.forward_calls, share.backward_calls) == (1, 1) and share.total_ms > 0
+
+
+# ---------------------------------------------------------------- model criteria
+
+
+def gn(total_ms: float) -> GnShare:
+    return GnShare(gs.DEVICE_SOURCE, 3, total_ms / 2, total_ms / 4, total_ms / 4, 24, 24, 0.0)
+
+
+def statuses(rows: list[Row], judged: bool = True) -> dict[tuple[str, str, str, str], str]:
+    return {(c.case, c.dtype, c.direction, c.target): c.status for c in bm.check_criteria(rows, judged)}
+
+
+def test_criteria_saved_time_against_groupnorm_time() -> None:
+    passing, missing, unprofiled = fake_row(12.0, 14.0, 9.0), fake_row(12.0, 14.0, 9.0), fake_row(12, 14, 9)
+    passing.gn, missing.gn = gn(4.0), gn(5.0)  # saved 3 ms: 0.75 and 0.6 of t_GN
+    assert passing.saved_ms == 3.0 and passing.gn_removed == pytest.approx(0.75)
+    assert passing.gn_share == pytest.approx(4.0 / 12.0)
+    assert [
+        statuses([r])["vae", "bf16", "eager", "saved / t_GN"] for r in (passing, missing, unprofiled)
+    ] == [
+        "PASS",
+        "MISS",
+        "n/a",
+    ]
+    slower = fake_row(10.0, 12.0, 11.0)
+    slower.gn = gn(2.0)
+    assert (
+        slower.gn_removed == pytest.approx(-0.5)
+        and statuses([slower])["vae", "bf16", "eager", "speedup"] == "MISS"
+    )
+
+
+def test_criteria_speedup_vae_and_memory() -> None:
+    fast, ok = fake_row(17.0, 20.0, 10.0), fake_row(15.0, 20.0, 10.0)  # 1.7x and 1.5x
+    fp32 = dataclasses.replace(fake_row(15.0, 20.0, 10.0), precision="fp32")
+    unet = dataclasses.replace(fake_row(15.0, 20.0, 10.0), model="unet")
+    assert statuses([fast])["vae", "bf16", "eager", "speedup (AutoencoderKL-style VAE, bf16)"] == "PASS"
+    assert statuses([ok])["vae", "bf16", "eager", "speedup (AutoencoderKL-style VAE, bf16)"] == "MISS"
+    assert statuses([ok])["vae", "bf16", "eager", "speedup"] == "PASS"
+    for other in (fp32, unet):  # the 1.6x target is the vae's, in bf16
+        assert not any("AutoencoderKL" in key[3] for key in statuses([other]))
+    # fake_row's swapped peak is 10 MiB above the baseline's: a miss; lower or equal passes.
+    peak = ("vae", "bf16", "eager", "peak memory swapped / baseline")
+    assert statuses([ok])[peak] == "MISS"
+    ok.measurements["swapped"].peak_mib = 1000.0
+    assert statuses([ok])[peak] == "PASS"
+    ok.measurements["swapped"].peak_mib = None  # CPU runs: no peak memory
+    assert statuses([ok])[peak] == "n/a"
+    assert statuses([fake_row(12.0, 9.0, None)])["vae", "bf16", "eager", "speedup"] == "n/a"
+
+
+def test_criteria_compile_rows_check_memory_only_and_cpu_runs_are_not_judged() -> None:
+    compiled = fake_row(12.0, 9.0, 6.0, compiled=True)
+    assert list(statuses([compiled])) == [("vae", "bf16", "compile", "peak memory swapped / baseline")]
+    assert set(statuses([fake_row(12.0, 9.0, 6.0)], judged=False).values()) == {"reported"}
+
+
+def test_report_shows_groupnorm_columns_and_criteria() -> None:
+    row = fake_row(12.0, 14.0, 9.0)
+    row.gn = gn(4.0)
+    failed = fake_row(10.0, 14.0, 9.0)
+    failed.gn_error = "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
+    report = ModelsReport(
+        date="2026-12-01 10:00 UTC",
+        command="python -m gn_module.bench models",
+        device={"cuda": True, "name": "NVIDIA H200", "sm_count": 132, "torch": "2.13"},
+        settings={"steps": 20, "warmup": 5, "rounds": 5},
+        rows=[row, failed],
+    )
+    md = bm.render_markdown_report(report)
+    assert "| speedup | GN ms | GN share | saved ms | saved/GN | peak MiB baseline |" in md
+    assert (
+        "| vae | bf16 | eager | CL | 12.00 | 14.00 | 9.00 | 1.33x | 4.00 | 33% | 3.00 | 0.75 | 1000 |" in md
+    )
+    assert "| 1.11x | error | - | - | - | 1000 |" in md
+    assert "- vae bf16 eager GroupNorm profile: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED" in md
+    assert "GN ms: device time of the CUDA kernels launched inside torch's GroupNorm ops" in md
+    assert "from 3 profiled steps" in md and "20 timed steps in 5 rounds" in md
+    assert "Model criteria (issue 13): 3 pass, 4 miss, 1 n/a:" in md
+    assert "- PASS  vae bf16 eager: saved / t_GN = 0.75 (target >= 0.7)" in md
+    assert "- MISS  vae bf16 eager: speedup (AutoencoderKL-style VAE, bf16) = 1.33 (target >= 1.6)" in md
+    assert "- n/a   vae bf16 eager: saved / t_GN = missing (target >= 0.7)" in md
+    console = bm.render_console(report)
+    assert (
+        "GN share" in console and "  MISS  vae bf16 eager: peak memory swapped / baseline = 1.01" in console
+    )
+    data = report.as_dict()
+    assert data["criteria_summary"] == {"PASS": 3, "MISS": 4, "n/a": 1, "reported": 0}
+    r = data["rows"][0]
+    assert (r["gn_ms"], r["saved_ms"], r["saved_over_gn"], r["gn_source"]) == (4.0, 3.0, 0.75, "cuda kernels")
+    assert r["gn_profile"]["forward_calls"] == 24 and data["rows"][1]["gn_error"].startswith("RuntimeError")
+    json.dumps(data)
+
+
 # ---------------------------------------------------------------- the CLI on the CPU
 
 
@@ -153,6 +440,7 @@ def test_cli_tiny_cpu_rows(tmp_path: Path) -> None:
     rc, data, md = run_json(tmp_path, "--models", "vae,unet", "--precisions", "fp32,bf16")
     assert rc == 0
     assert data["settings"]["steps"] == 2 and data["settings"]["warmup"] == 1 and data["settings"]["tiny"]
+    assert data["settings"]["rounds"] == 2 and data["settings"]["profile_gn"] == 1
     assert data["device"]["cuda"] is False and data["command"].startswith("python -m gn_module.bench models")
     rows = {(r["model"], r["precision"]): r for r in data["rows"]}
     assert set(rows) == {("vae", "fp32"), ("vae", "bf16"), ("unet", "fp32"), ("unet", "bf16")}
@@ -166,6 +454,14 @@ def test_cli_tiny_cpu_rows(tmp_path: Path) -> None:
         assert r["baseline_compile_s"] is None
         for m in r["measurements"].values():
             assert len(m["times_ms"]) == 2 and m["first_step_s"] > 0 and math.isfinite(m["last_loss"])
+            assert m["round_ms"] == m["times_ms"]  # two rounds of one step
+        # The baseline profiled on the CPU: op time, every GroupNorm layer found forward and backward.
+        gn = r["gn_profile"]
+        assert r["gn_source"] == gn["source"] == "cpu ops" and gn["steps"] == 1 and r["gn_ms"] > 0
+        assert gn["forward_calls"] == gn["backward_calls"] == r["swapped"]
+        assert r["saved_ms"] == pytest.approx(r["baseline_ms"] - r["swapped_ms"])
+        assert r["saved_over_gn"] == pytest.approx(r["saved_ms"] / r["gn_ms"])
+        assert r["gn_share"] == pytest.approx(r["gn_ms"] / r["baseline_ms"])
         # Same seed, same batch: the first step's loss is the same in every configuration.
         losses = [m["first_loss"] for m in r["measurements"].values()]
         assert max(losses) == pytest.approx(min(losses), rel=1e-2 if r["precision"] == "bf16" else 1e-5)
@@ -174,6 +470,14 @@ def test_cli_tiny_cpu_rows(tmp_path: Path) -> None:
     # examples/train_unet.py's UNet puts GroupNorm -> SiLU in nn.Sequential: every one fused.
     assert rows["unet", "fp32"]["swapped"] == rows["unet", "fp32"]["fused"] > 0
     assert "| model | precision | mode | baseline layout |" in md and md.count("| unet |") == 2
+    assert (
+        "| GN ms | GN share | saved ms | saved/GN |" in md
+        and "GN ms: CPU time of torch's GroupNorm ops" in md
+    )
+    # On the CPU the criteria are reported, not judged.
+    assert {c["status"] for c in data["criteria"]} == {"reported"}
+    assert data["criteria_summary"]["reported"] == len(data["criteria"]) == 4 * 3 + 1  # + vae bf16 1.6x
+    assert "Model criteria (issue 13): 13 reported, not judged (CPU run):" in md
 
 
 def test_cli_fuse_calls_and_compile(tmp_path: Path) -> None:
@@ -188,6 +492,8 @@ def test_cli_fuse_calls_and_compile(tmp_path: Path) -> None:
     assert row["measurements"]["swapped"]["rewritten"] > 0
     assert row["baseline_compile_s"] > 0 and row["swapped_compile_s"] > 0
     assert "compile s baseline" in md
+    assert row["gn_profile"] is None and "GN ms" not in md  # compile rows are not profiled
+    assert [c["target"] for c in data["criteria"]] == ["peak memory swapped / baseline"]
 
 
 def test_unavailable_model_is_skipped_with_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,19 +522,22 @@ def _oom_when_swapped(model: nn.Module, batch: dict) -> torch.Tensor:
     return model(batch["x"]).square().mean()
 
 
-def test_per_configuration_errors_do_not_stop_the_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    spec = bm.ModelSpec(
+def tiny_spec(loss: Callable[[nn.Module, dict], torch.Tensor]) -> bm.ModelSpec:
+    return bm.ModelSpec(
         "vae",  # replaces the real entry for this test
         "tiny net that runs out of memory when swapped",
         lambda tiny: TinyNet(),
         lambda tiny, n, gen: {"x": torch.randn(n, 3, 8, 8, generator=gen)},
-        _oom_when_swapped,
+        loss,
         batch=2,
         tiny_batch=2,
     )
-    monkeypatch.setitem(bm.MODELS, "vae", spec)
+
+
+def test_per_configuration_errors_do_not_stop_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(bm.MODELS, "vae", tiny_spec(_oom_when_swapped))
     rc, data, md = run_json(tmp_path, "--models", "vae", "--precisions", "fp32,bf16", "--steps", "3")
     assert rc == 0  # the baselines were measured
     for r in data["rows"]:
@@ -236,7 +545,17 @@ def test_per_configuration_errors_do_not_stop_the_run(
         assert r["baseline_ms"] > 0 and r["swapped_ms"] is None and r["speedup"] is None
         assert r["swapped"] == 1 and r["fused"] == 1  # converted before it failed
         assert len(r["measurements"]["channels_last"]["times_ms"]) == 3
+        assert r["gn_profile"]["forward_calls"] == 1 and r["saved_ms"] is None and r["saved_over_gn"] is None
     assert "| error | - |" in md and "- vae fp32 eager swapped: OutOfMemoryError" in md
+
+
+def test_profile_gn_0_turns_profiling_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(bm.MODELS, "vae", tiny_spec(lambda model, b: model(b["x"]).square().mean()))
+    rc, data, md = run_json(tmp_path, "--models", "vae", "--precisions", "fp32", "--profile-gn", "0")
+    assert rc == 0 and data["settings"]["profile_gn"] == 0
+    (row,) = data["rows"]
+    assert row["gn_profile"] is None and row["gn_ms"] is None and row["saved_ms"] is not None
+    assert "GN ms" not in md
 
 
 @pytest.mark.parametrize(
@@ -247,6 +566,8 @@ def test_per_configuration_errors_do_not_stop_the_run(
         ["--steps", "0"],
         ["--warmup", "0"],
         ["--batch", "0"],
+        ["--rounds", "0"],
+        ["--profile-gn", "-1"],
         ["--no-eager"],
         ["--device", "banana"],
     ],

@@ -8,18 +8,32 @@ seed and fed the same batch:
   The faster of the two is the *baseline*: what a user would run without us. The report says which.
 * ``swapped``: ``convert_groupnorm(model)`` (``fuse_calls=True`` with ``--fuse-calls``), channels_last.
 
-Each configuration runs W warm-up steps and then N timed steps; the step time is the median of the N.
-On CUDA every step is bracketed by CUDA events (steps are queued back to back, as in training) and the
-peak memory is ``torch.cuda.max_memory_allocated`` over the timed steps; on the CPU (smoke tests)
-steps are timed with ``time.perf_counter`` and there is no peak memory. With ``--compile`` the model is
-``torch.compile``d (after ``torch.compiler.reset()``, Inductor's caches off) and the wall time of the
-first step, which compiles the forward and backward graphs, is reported as the compile time.
+Each configuration runs W warm-up steps, then N timed steps in R rounds (``--rounds``). Eager rows keep
+the three models alive and alternate them round by round (the configuration that goes first rotates), so
+a drift of the GPU's clocks or of its neighbours hits all three alike; compile rows are timed one
+configuration after another (each compiles cold after ``torch.compiler.reset()``, which would also drop
+the others' compiled code). The step time is the median of the round medians. On CUDA every step is
+bracketed by CUDA events (a round's steps are queued back to back, as in training) and the peak memory is
+``torch.cuda.max_memory_allocated`` over the configuration's timed steps, less the tensors (parameters,
+AdamW state, batch) of the other configurations kept alive beside it; on the CPU (smoke tests) steps are
+timed with ``time.perf_counter`` and there is no peak memory. With ``--compile`` the model is
+``torch.compile``d (Inductor's caches off) and the wall time of the first step, which compiles the
+forward and backward graphs, is reported as the compile time.
+
+GroupNorm's share (``--profile-gn N``, default 3 steps; 0: off): after the timed rounds of an eager row,
+the baseline runs N more steps under torch.profiler and `gn_module.bench.gn_share` sums torch's GroupNorm
+time per step (t_GN: on CUDA the device time of the kernels launched inside GroupNorm's forward and
+backward ops, their layout copies included; on the CPU the ops' CPU time). Issue 13's criterion is
+``t_baseline - t_swapped >= 0.7 x t_GN``; the report checks it with the other model criteria (swap >= 1x
+in eager, peak memory never above the baseline's, the ``vae`` model >= 1.6x in bf16 eager): PASS/MISS on
+CUDA, "reported" (not judged) on the CPU. Compile rows are not profiled (Inductor fuses GroupNorm away).
 
 Errors (an OOM, a model that fails to build or to compile) are caught per configuration and reported
 in its row; the run goes on. Models whose package is missing are skipped with the reason.
 
-Exit status: 0 after a run in which at least one row was measured (rows with errors included);
-1 when nothing could be measured; 2 for bad arguments; 3 when --device is CUDA and there is none.
+Exit status: 0 after a run in which at least one row was measured (rows with errors included), criteria
+missed or not; 1 when nothing could be measured; 2 for bad arguments; 3 when --device is CUDA and there
+is none.
 """
 
 from __future__ import annotations
@@ -34,7 +48,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +56,9 @@ from typing import Any
 import torch
 
 from gn_module.bench.cli import EXIT_NO_CUDA, _csv
+from gn_module.bench.gn_share import CPU_SOURCE, GnShare, profile_gn
 from gn_module.bench.model_zoo import MODEL_NAMES, MODELS, Batch, ModelSpec, _error_text
+from gn_module.bench.targets import TargetCheck, summarize_checks
 
 EXIT_NOTHING_MEASURED = 1
 PRECISIONS = ("fp32", "bf16")
@@ -51,10 +67,20 @@ BASELINE_LAYOUTS = ("channels_last", "contiguous")
 SWAPPED = "swapped"
 CONFIGS = (*BASELINE_LAYOUTS, SWAPPED)
 LAYOUT_LABEL = {"channels_last": "CL", "contiguous": "NCHW"}
-DEFAULTS = {"steps": 20, "warmup": 5}
-TINY_DEFAULTS = {"steps": 2, "warmup": 1}
+DEFAULTS = {"steps": 20, "warmup": 5, "rounds": 5, "profile_gn": 3}
+TINY_DEFAULTS = {"steps": 2, "warmup": 1, "rounds": 2, "profile_gn": 1}
 SEED = 0
 LR = 1e-4
+
+#: Issue 13's model criteria. The swap must remove at least this fraction of torch's GroupNorm time:
+#: (t_baseline - t_swapped) / t_GN.
+GN_REMOVED_MIN = 0.7
+#: Swapped step at least as fast as the baseline, every model and precision, eager.
+EAGER_SPEEDUP_MIN = 1.0
+#: The AutoencoderKL-style VAE (`vae`), bf16 eager.
+VAE_BF16_SPEEDUP_MIN = 1.6
+#: Peak memory with the swap / without it: never higher.
+PEAK_RATIO_MAX = 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,6 +97,7 @@ class Measurement:
     q3_ms: float | None = None
     min_ms: float | None = None
     times_ms: list[float] = field(default_factory=list)
+    round_ms: list[float] = field(default_factory=list)  # each round's median; median_ms is their median
     peak_mib: float | None = None
     first_step_s: float | None = None  # wall time of the first step; with --compile, the compile time
     first_loss: float | None = None
@@ -101,6 +128,8 @@ class Row:
     compiled: bool
     batch: int
     measurements: dict[str, Measurement] = field(default_factory=dict)
+    gn: GnShare | None = None  # torch's GroupNorm in the baseline's step (eager rows, --profile-gn)
+    gn_error: str | None = None  # why profiling failed
 
     @property
     def baseline_layout(self) -> str | None:
@@ -124,6 +153,26 @@ class Row:
         return base.median_ms / ours.median_ms
 
     @property
+    def saved_ms(self) -> float | None:
+        """t_baseline - t_swapped: the time the swap saves per step."""
+        base, ours = self.baseline, self.swapped
+        return None if base is None or ours is None else base.median_ms - ours.median_ms
+
+    @property
+    def gn_share(self) -> float | None:
+        """t_GN / t_baseline: the fraction of the baseline's step in torch's GroupNorm."""
+        base = self.baseline
+        if self.gn is None or base is None or not base.median_ms:
+            return None
+        return self.gn.total_ms / base.median_ms
+
+    @property
+    def gn_removed(self) -> float | None:
+        """saved / t_GN: the fraction of torch's GroupNorm time the swap removed (criterion: >= 0.7)."""
+        saved = self.saved_ms
+        return None if saved is None or self.gn is None or not self.gn.total_ms else saved / self.gn.total_ms
+
+    @property
     def errors(self) -> dict[str, str]:
         return {k: m.error for k, m in self.measurements.items() if m.error}
 
@@ -145,6 +194,13 @@ class Row:
             "swapped_compile_s": ours.first_step_s if ours and self.compiled else None,
             "swapped": conv.get("swapped"),
             "fused": conv.get("fused"),
+            "gn_ms": self.gn.total_ms if self.gn else None,
+            "gn_share": self.gn_share,
+            "saved_ms": self.saved_ms,
+            "saved_over_gn": self.gn_removed,
+            "gn_source": self.gn.source if self.gn else None,
+            "gn_profile": self.gn.as_dict() if self.gn else None,
+            "gn_error": self.gn_error,
             "errors": self.errors,
             "measurements": {k: asdict(m) for k, m in self.measurements.items()},
         }
@@ -187,10 +243,19 @@ def _quartiles(values: Sequence[float]) -> tuple[float, float]:
     return quantile(ordered, 0.25), quantile(ordered, 0.75)
 
 
+def round_sizes(steps: int, rounds: int) -> list[int]:
+    """``steps`` timed steps split into at most ``rounds`` rounds, as evenly as possible."""
+    rounds = min(rounds, steps)
+    base, extra = divmod(steps, rounds)
+    return [base + (i < extra) for i in range(rounds)]
+
+
 @dataclass(frozen=True)
 class Settings:
     steps: int = DEFAULTS["steps"]
     warmup: int = DEFAULTS["warmup"]
+    rounds: int = DEFAULTS["rounds"]
+    profile_gn: int = DEFAULTS["profile_gn"]  # profiled steps of the baseline per eager row; 0: off
     tiny: bool = False
     fuse_calls: bool = False
     batch: int | None = None  # None: each model's own
@@ -227,7 +292,23 @@ def _compile_context(compiled: bool) -> Iterator[None]:
     torch.compiler.reset()
 
 
-def measure(
+def _storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+@dataclass
+class Trainer:
+    """One configuration of a row, built and warmed up, and what its timed rounds found."""
+
+    m: Measurement
+    step: Callable[[], torch.Tensor] | None = None  # None once it failed (or before it was built)
+    own_bytes: int = 0  # its parameters, AdamW state and batch: held while the others run
+    peak_bytes: int = 0  # max_memory_allocated over its rounds, less the others' own_bytes
+    last_loss: torch.Tensor | None = None
+
+
+def prepare(
     spec: ModelSpec,
     config: str,
     precision: str,
@@ -235,25 +316,19 @@ def measure(
     batch_cpu: Batch,
     device: torch.device,
     settings: Settings,
-) -> Measurement:
-    """Build a fresh model (seeded), prepare it for ``config``, run warm-up and timed training steps.
-    Any exception becomes the measurement's error; the model is freed before this returns."""
-    m = Measurement(config)
+) -> Trainer:
+    """Build a fresh model (seeded) for ``config`` and run its first and warm-up steps. Any exception
+    becomes the measurement's error and leaves the trainer without a step."""
+    t = Trainer(Measurement(config))
     try:
-        _train(spec, m, precision, compiled, batch_cpu, device, settings)
-        m.median_ms = statistics.median(m.times_ms)
-        m.q1_ms, m.q3_ms = _quartiles(m.times_ms)
-        m.min_ms = min(m.times_ms)
+        t.step, t.own_bytes = _build(spec, t.m, precision, compiled, batch_cpu, device, settings)
     except Exception as exc:  # OOM, build or compile failures: reported in the row
-        m.error = _error_text(exc)
-        m.times_ms = []
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return m
+        t.m.error = _error_text(exc)
+        _free(device)  # before the next configuration is built beside it
+    return t
 
 
-def _train(
+def _build(
     spec: ModelSpec,
     m: Measurement,
     precision: str,
@@ -261,7 +336,7 @@ def _train(
     batch_cpu: Batch,
     device: torch.device,
     settings: Settings,
-) -> None:
+) -> tuple[Callable[[], torch.Tensor], int]:
     from gn_module.convert import convert_groupnorm
 
     torch.manual_seed(settings.seed)
@@ -275,35 +350,81 @@ def _train(
     batch = _to_device(batch_cpu, device, fmt)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     dtype = torch.bfloat16 if precision == "bf16" else None
-    with _compile_context(compiled):
-        run = (
-            torch.compile(model, backend=settings.compile_backend, mode=settings.compile_mode)
-            if compiled
-            else model
-        )
+    run = (
+        torch.compile(model, backend=settings.compile_backend, mode=settings.compile_mode)
+        if compiled
+        else model
+    )
 
-        def step() -> torch.Tensor:
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = spec.loss(run, batch)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss.detach()
+    def step() -> torch.Tensor:
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = spec.loss(run, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
 
-        _sync(device)
-        t0 = time.perf_counter()
-        m.first_loss = float(step())  # synchronizes
-        m.first_step_s = time.perf_counter() - t0
-        for _ in range(settings.warmup - 1):
-            step()
-        _sync(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        losses: list[torch.Tensor] = []
-        m.times_ms = time_steps(lambda: losses.append(step()), settings.steps, device)
-        if device.type == "cuda":
-            m.peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
-        m.last_loss = float(losses[-1])
+    _sync(device)
+    t0 = time.perf_counter()
+    m.first_loss = float(step())  # synchronizes
+    m.first_step_s = time.perf_counter() - t0
+    for _ in range(settings.warmup - 1):
+        step()
+    _sync(device)
+    state = (v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    own = _storage_bytes([*model.parameters(), *model.buffers(), *state, *batch.values()])
+    return step, own
+
+
+def _timed_round(t: Trainer, n: int, others_bytes: int, device: torch.device) -> None:
+    assert t.step is not None
+    step = t.step
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses: list[torch.Tensor] = []
+    times = time_steps(lambda: losses.append(step()), n, device)
+    if device.type == "cuda":
+        t.peak_bytes = max(t.peak_bytes, torch.cuda.max_memory_allocated(device) - others_bytes)
+    t.m.times_ms += times
+    t.m.round_ms.append(statistics.median(times))
+    t.last_loss = losses[-1]
+
+
+def time_rounds(trainers: Sequence[Trainer], settings: Settings, device: torch.device) -> None:
+    """The timed steps of every trainer with a step, in rounds: in each round every trainer runs its
+    share of the steps back to back, and the trainer that goes first rotates. A trainer that fails
+    drops out with its error; the others go on."""
+    for r, n in enumerate(round_sizes(settings.steps, settings.rounds)):
+        live = [t for t in trainers if t.step is not None]
+        first = r % len(live) if live else 0
+        for t in live[first:] + live[:first]:
+            others = sum(o.own_bytes for o in trainers if o is not t and o.step is not None)
+            try:
+                _timed_round(t, n, others, device)
+            except Exception as exc:  # an OOM: reported in the row
+                t.m.error, t.step = _error_text(exc), None
+                gc.collect()
+
+
+def finish(t: Trainer, device: torch.device) -> Measurement:
+    """The trainer's measurement with its statistics; frees its model."""
+    m = t.m
+    if m.error is None and m.round_ms:
+        m.median_ms = statistics.median(m.round_ms)
+        m.q1_ms, m.q3_ms = _quartiles(m.times_ms)
+        m.min_ms = min(m.times_ms)
+        m.last_loss = float(t.last_loss) if t.last_loss is not None else None
+        m.peak_mib = t.peak_bytes / 2**20 if device.type == "cuda" else None
+    else:
+        m.times_ms, m.round_ms = [], []
+    t.step, t.last_loss = None, None
+    return m
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def run_row(
@@ -314,17 +435,62 @@ def run_row(
     settings: Settings,
     log: Callable[[str], None] = print,
 ) -> Row:
-    """The three configurations of one (model, precision, mode), on the same seeded batch."""
+    """The three configurations of one (model, precision, mode), on the same seeded batch: eager rows
+    interleaved round by round, then the baseline profiled (--profile-gn); compile rows one by one."""
     n = batch_size(spec, settings)
     gen = torch.Generator().manual_seed(settings.seed)
     batch_cpu = spec.make_batch(settings.tiny, n, gen)
     row = Row(spec.name, precision, compiled, n)
     mode = "compile" if compiled else "eager"
-    for config in CONFIGS:
-        m = measure(spec, config, precision, compiled, batch_cpu, device, settings)
-        row.measurements[config] = m
-        log(f"{spec.name:24} {precision} {mode:7} {config:13} {_measurement_text(m, compiled)}")
+
+    def done(t: Trainer) -> None:
+        row.measurements[t.m.config] = m = finish(t, device)
+        log(f"{spec.name:24} {precision} {mode:7} {m.config:13} {_measurement_text(m, compiled)}")
+
+    if compiled:
+        for config in CONFIGS:  # torch.compiler.reset() before each: they cannot take turns
+            with _compile_context(True):
+                t = prepare(spec, config, precision, True, batch_cpu, device, settings)
+                time_rounds([t], settings, device)
+                done(t)
+            del t
+            _free(device)
+        return row
+
+    trainers = [prepare(spec, c, precision, False, batch_cpu, device, settings) for c in CONFIGS]
+    time_rounds(trainers, settings, device)
+    steps = {t.m.config: t.step for t in trainers}  # finish() drops them; profiling needs one
+    for t in trainers:
+        done(t)
+    layout = row.baseline_layout
+    if settings.profile_gn and layout is not None and steps[layout] is not None:
+        try:
+            row.gn = profile_gn(steps[layout], settings.profile_gn, device)
+            log(f"{spec.name:24} {precision} {mode:7} {'GroupNorm':13} {_gn_text(row)}")
+        except Exception as exc:  # the profiler itself failing: reported, the timings stand
+            row.gn_error = _error_text(exc)
+            log(f"{spec.name:24} {precision} {mode:7} {'GroupNorm':13} ERROR {row.gn_error}")
+    del trainers, steps
+    _free(device)
     return row
+
+
+def _gn_text(row: Row) -> str:
+    gn = row.gn
+    assert gn is not None
+    text = (
+        f"{gn.total_ms:9.2f} ms per step ({gn.source}: fwd {gn.forward_ms:.2f}, bwd {gn.backward_ms:.2f}, "
+        f"copies {gn.copy_ms:.2f}; {gn.forward_calls:g} fwd calls)"
+    )
+    if row.gn_share is not None:
+        text += f"  {row.gn_share:.0%} of the baseline step"
+    if row.gn_removed is not None:
+        text += f"  saved/GN {row.gn_removed:.2f}"
+    if gn.named_elsewhere_ms:  # LayerNorm's kernels share names; anything else is worth a look
+        text += (
+            f"  (GroupNorm-like kernels outside GroupNorm ops, not counted: {gn.named_elsewhere_ms:.2f} ms)"
+        )
+    return text
 
 
 def _measurement_text(m: Measurement, compiled: bool) -> str:
@@ -343,6 +509,28 @@ def _measurement_text(m: Measurement, compiled: bool) -> str:
 # Reports
 
 
+def check_criteria(rows: Sequence[Row], judged: bool = True) -> list[TargetCheck]:
+    """Issue 13's model criteria for every row they apply to (TargetCheck: case = model, dtype =
+    precision, direction = mode). ``judged=False`` (CPU runs): reported, neither PASS nor MISS."""
+    checks: list[TargetCheck] = []
+    for r in rows:
+        mode = "compile" if r.compiled else "eager"
+
+        def add(target: str, value: float | None, threshold: float, higher: bool = True) -> None:
+            checks.append(TargetCheck(r.model, r.precision, mode, target, value, threshold, higher, judged))  # noqa: B023
+
+        if not r.compiled:
+            add("saved / t_GN", r.gn_removed, GN_REMOVED_MIN)
+            add("speedup", r.speedup, EAGER_SPEEDUP_MIN)
+            if r.model == "vae" and r.precision == "bf16":
+                add("speedup (AutoencoderKL-style VAE, bf16)", r.speedup, VAE_BF16_SPEEDUP_MIN)
+        base, ours = r.baseline, r.swapped
+        peaks = (base.peak_mib, ours.peak_mib) if base and ours else (None, None)
+        ratio = peaks[1] / peaks[0] if None not in peaks and peaks[0] else None
+        add("peak memory swapped / baseline", ratio, PEAK_RATIO_MAX, higher=False)
+    return checks
+
+
 @dataclass
 class ModelsReport:
     date: str
@@ -352,7 +540,13 @@ class ModelsReport:
     rows: list[Row] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # model -> reason
 
+    @property
+    def checks(self) -> list[TargetCheck]:
+        """The model criteria; judged on CUDA only (CPU smoke runs time other things)."""
+        return check_criteria(self.rows, judged=bool(self.device.get("cuda")))
+
     def as_dict(self) -> dict[str, Any]:
+        checks = self.checks
         return {
             "date": self.date,
             "command": self.command,
@@ -360,6 +554,8 @@ class ModelsReport:
             "settings": self.settings,
             "rows": [r.as_dict() for r in self.rows],
             "skipped": self.skipped,
+            "criteria": [c.as_dict() for c in checks],
+            "criteria_summary": summarize_checks(checks),
         }
 
 
@@ -371,8 +567,13 @@ def _mib(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+def _profiled(rows: Sequence[Row]) -> bool:
+    return any(r.gn is not None or r.gn_error for r in rows)
+
+
 def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     compiled = any(r.compiled for r in rows)
+    profiled = _profiled(rows)
     header = [
         "model",
         "precision",
@@ -382,10 +583,10 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
         "other layout ms",
         "swapped ms",
         "speedup",
-        "peak MiB baseline",
-        "peak MiB swapped",
-        "swapped/fused",
     ]
+    if profiled:
+        header += ["GN ms", "GN share", "saved ms", "saved/GN"]
+    header += ["peak MiB baseline", "peak MiB swapped", "swapped/fused"]
     if compiled:
         header += ["compile s baseline", "compile s swapped"]
     body = []
@@ -404,6 +605,15 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
             _ms(other.median_ms if other is not None and other.ok else None),
             _ms(ours.median_ms if ours else None) if ours else "error",
             "-" if r.speedup is None else f"{r.speedup:.2f}x",
+        ]
+        if profiled:
+            cells += [
+                _ms(r.gn.total_ms) if r.gn else ("error" if r.gn_error else "-"),
+                "-" if r.gn_share is None else f"{r.gn_share:.0%}",
+                _ms(r.saved_ms) if r.gn else "-",
+                "-" if r.gn_removed is None else f"{r.gn_removed:.2f}",
+            ]
+        cells += [
             _mib(base.peak_mib if base else None),
             _mib(ours.peak_mib if ours else None),
             f"{conv['swapped']}/{conv['fused']}" if conv else "-",
@@ -422,7 +632,42 @@ def _notes(report: ModelsReport) -> list[str]:
     for r in report.rows:
         mode = "compile" if r.compiled else "eager"
         lines += [f"{r.model} {r.precision} {mode} {cfg}: {err}" for cfg, err in r.errors.items()]
+        if r.gn_error:
+            lines.append(f"{r.model} {r.precision} {mode} GroupNorm profile: {r.gn_error}")
     return lines
+
+
+def _gn_source_line(rows: Sequence[Row]) -> str | None:
+    """What "GN ms" is in this run: kernel time on CUDA, CPU op time on the CPU."""
+    shares = [r.gn for r in rows if r.gn is not None]
+    if not shares:
+        return None
+    what = (
+        "CPU time of torch's GroupNorm ops (CPU run: no kernels; not comparable with GPU runs)"
+        if shares[0].source == CPU_SOURCE
+        else "device time of the CUDA kernels launched inside torch's GroupNorm ops, forward and backward, "
+        "their layout copies and casts included"
+    )
+    n = shares[0].steps
+    return (
+        f"GN ms: {what}, per step of the baseline, from {n} profiled step{'s' * (n != 1)}. "
+        "GN share = GN ms / baseline ms; saved ms = baseline ms - swapped ms; "
+        f"criterion saved/GN >= {GN_REMOVED_MIN}."
+    )
+
+
+def _criteria_lines(report: ModelsReport) -> list[str]:
+    from gn_module.bench.report import checks_lines
+
+    checks = report.checks
+    if not checks:
+        return []
+    s = summarize_checks(checks)
+    if report.device.get("cuda"):
+        head = f"Model criteria (issue 13): {s['PASS']} pass, {s['MISS']} miss, {s['n/a']} n/a"
+    else:
+        head = f"Model criteria (issue 13): {s['reported']} reported, not judged (CPU run)"
+    return [head, *checks_lines(checks)]
 
 
 def render_console(report: ModelsReport) -> str:
@@ -430,7 +675,12 @@ def render_console(report: ModelsReport) -> str:
 
     header, body = table(report.rows)
     out = [render_text(header, body)] if body else ["(no rows)"]
+    source = _gn_source_line(report.rows)
+    out += [source] if source else []
     out += _notes(report)
+    criteria = _criteria_lines(report)
+    if criteria:
+        out += ["", criteria[0], *("  " + line for line in criteria[1:])]
     return "\n".join(out)
 
 
@@ -449,20 +699,27 @@ def render_markdown_report(report: ModelsReport) -> str:
         f"- Command: `{report.command}`",
         f"- Settings: {', '.join(f'{k}={v}' for k, v in s.items())}",
         "",
-        f"One training step = forward, loss, backward, AdamW step, zero_grad; median of {s.get('steps')} "
-        f"timed steps after {s.get('warmup')} warm-up steps ("
+        "One training step = forward, loss, backward, AdamW step, zero_grad; "
+        f"{s.get('steps')} timed steps in {s.get('rounds')} rounds after {s.get('warmup')} warm-up steps, "
+        "median of the round medians ("
         + ("CUDA events" if report.device.get("cuda") else "perf_counter, CPU")
-        + "), each configuration on a fresh model with the same seed and batch. Baseline = the faster of "
-        "channels_last (CL) and NCHW with torch's GroupNorm (`other layout ms` is the slower); swapped = "
-        "`convert_groupnorm` on channels_last. Speedup = baseline ms / swapped ms. Peak MiB = "
-        "`torch.cuda.max_memory_allocated` over the timed steps. swapped/fused: GroupNorm layers swapped / "
-        "with SiLU fused. Compile s: wall time of the first compiled step.",
-        "",
-        render_markdown(header, body) if body else "(no rows)",
+        + "); each configuration on a fresh model with the same seed and batch, eager configurations "
+        "taking turns round by round. Baseline = the faster of channels_last (CL) and NCHW with torch's "
+        "GroupNorm (`other layout ms` is the slower); swapped = `convert_groupnorm` on channels_last. "
+        "Speedup = baseline ms / swapped ms. Peak MiB = `torch.cuda.max_memory_allocated` over the "
+        "configuration's timed steps, less the other configurations' tensors kept alive beside it. "
+        "swapped/fused: GroupNorm layers swapped / with SiLU fused. Compile s: wall time of the first "
+        "compiled step.",
     ]
+    source = _gn_source_line(report.rows)
+    lines += ["", source] if source else []
+    lines += ["", render_markdown(header, body) if body else "(no rows)"]
     notes = _notes(report)
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
+    criteria = _criteria_lines(report)
+    if criteria:
+        lines += ["", criteria[0] + ":", ""] + [f"- {line}" for line in criteria[1:]]
     return "\n".join(lines) + "\n"
 
 
@@ -523,6 +780,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help=f"warm-up steps (default {DEFAULTS['warmup']}, tiny {TINY_DEFAULTS['warmup']})",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="split the timed steps into this many rounds; eager configurations take turns round by round "
+        f"(default {DEFAULTS['rounds']}, tiny {TINY_DEFAULTS['rounds']})",
+    )
+    p.add_argument(
+        "--profile-gn",
+        type=int,
+        metavar="STEPS",
+        help="eager rows: profile this many extra steps of the baseline and report torch's GroupNorm time "
+        "(CUDA kernels; CPU op time on the CPU) and issue 13's saved/GN criterion; 0: off "
+        f"(default {DEFAULTS['profile_gn']}, tiny {TINY_DEFAULTS['profile_gn']})",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny models and inputs (CPU smoke runs)")
     p.add_argument("--device", default="cuda", help="default cuda; cpu times with perf_counter (smoke tests)")
     p.add_argument("--json", metavar="PATH", help="write every row and measurement as JSON")
@@ -534,15 +805,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     base = TINY_DEFAULTS if args.tiny else DEFAULTS
     steps = base["steps"] if args.steps is None else args.steps
     warmup = base["warmup"] if args.warmup is None else args.warmup
+    rounds = base["rounds"] if args.rounds is None else args.rounds
+    profile_steps = base["profile_gn"] if args.profile_gn is None else args.profile_gn
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     if warmup < 1:
         raise ValueError(f"--warmup must be >= 1 (the first step is timed separately), got {warmup}")
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    if profile_steps < 0:
+        raise ValueError(f"--profile-gn must be >= 0 (0: off), got {profile_steps}")
     if args.batch is not None and args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
     return Settings(
         steps=steps,
         warmup=warmup,
+        rounds=min(rounds, steps),
+        profile_gn=profile_steps,
         tiny=args.tiny,
         fuse_calls=args.fuse_calls,
         batch=args.batch,
