@@ -23,11 +23,11 @@ _SPECS = (
      "overflow_grid marker that names no shapes, e.g. 128:16,100:20. Default: "
      "128:16,100:20,30:10,64:1,32:32"),
     ("--gn-seed", "gn_seed", "N", "base seed of generated inputs. Default: 0"),
-    ("--gn-arch", "gn_arch", "tiles|tasks|both", "forward kernel architecture(s) of gn_module the overflow "
-     "cases validate: tiles (the default kernels, forward and backward), tasks (GN_ARCH=tasks: the task "
-     "kernels' forward cases only, as they have no backward; the ratio counts chunks per block over the "
-     "chunks it keeps in shared memory, capped cases at caps 1, 2, 3), or both. With --gn-arch-sweep the "
-     "profiles get task cases too. Not for --gn-impl. Default: tiles"),
+    ("--gn-arch", "gn_arch", "tiles|tasks|both", "kernel architecture(s) of gn_module the overflow "
+     "cases validate: tiles (the tile kernels, forward and backward; gn_module's default backward), tasks "
+     "(gn_module's default forward, GN_ARCH=tasks: forward cases, the ratio counting chunks per block over "
+     "the chunks it keeps in shared memory, capped cases at caps 1, 2, 3), or both. With --gn-arch-sweep "
+     "the profiles get task cases too. Not for --gn-impl (there: tiles). Default: both"),
 )  # fmt: skip
 
 #: --gn-arch values and the architectures each selects.
@@ -47,7 +47,7 @@ class GnOptions:
     profiles_file: str = ""
     shapes: tuple[tuple[int, int], ...] | None = None  # None: the markers' defaults
     impl_on_command_line: bool = False  # --gn-impl given as an option (not only as an ini key)
-    archs: tuple[str, ...] = ("tiles",)  # --gn-arch: the forward architectures the cases validate
+    archs: tuple[str, ...] = ("tiles", "tasks")  # --gn-arch: the architectures the cases validate
 
     @property
     def foreign(self) -> bool:
@@ -107,7 +107,9 @@ def read_options(config: pytest.Config) -> GnOptions:
             raise pytest.UsageError(f"{shapes_from} {exc}") from None
     cap_text, seed_text = str(cap or "").strip(), str(seed or "").strip()
     arch_text, arch_from = _raw(config, "gn_arch")
-    arch = str(arch_text or "").strip().lower() or "tiles"
+    arch = str(arch_text or "").strip().lower()
+    if not arch:  # gn_module's defaults run both; another implementation has no task kernels
+        arch = "both" if impl in OWN_IMPLS else "tiles"
     if arch not in ARCH_CHOICES:
         raise pytest.UsageError(f"{arch_from} expects one of {', '.join(ARCH_CHOICES)}, got {arch_text!r}")
     if arch != "tiles" and impl not in OWN_IMPLS:

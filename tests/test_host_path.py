@@ -237,10 +237,10 @@ def test_launch_cache_hits_and_keys(stub, monkeypatch):
     monkeypatch.delenv(ops.ENV_CAP)
     assert _launch(x, w) is base
 
-    monkeypatch.setenv(ops.ENV_ARCH, "tasks")
-    tasks = _launch(x, w)
-    assert isinstance(tasks.plan, schedule.TaskPlan) and not isinstance(base.plan, schedule.TaskPlan)
-    assert fields(tasks.args)["arch"] == 2 and fields(base.args)["arch"] == 1
+    monkeypatch.setenv(ops.ENV_ARCH, "tiles")  # the default is tasks
+    tiles = _launch(x, w)
+    assert isinstance(base.plan, schedule.TaskPlan) and not isinstance(tiles.plan, schedule.TaskPlan)
+    assert fields(base.args)["arch"] == 2 and fields(tiles.args)["arch"] == 1
     monkeypatch.delenv(ops.ENV_ARCH)
     assert _launch(x, w) is base
 
@@ -254,7 +254,7 @@ def test_launch_cache_hits_and_keys(stub, monkeypatch):
         "groups": _launch(x, w, groups=16),
         "eps": _launch(x, w, eps=1e-3),
         "act": _launch(x, w, act=0),
-        "passes": _launch(x, w, passes=1),
+        "passes": _launch(x, w, passes=2 if base.plan.schedule == 1 else 1),
         "parameter dtype": _launch(x, w.float()),
         "no parameters": _launch(x, None),
         "direction": _launch(x, w, direction="bwd"),
@@ -298,9 +298,11 @@ def test_a_cap_takes_effect_on_the_next_call(stub, monkeypatch):
     assert grid() == natural
 
 
-def test_cached_launch_sends_the_uncached_fields(stub):
+def test_cached_launch_sends_the_uncached_fields(stub, monkeypatch):
     """First call (cache miss), second call (hit), the general `ops.forward` and a GnArgs built from
-    the plan by hand: the same non-pointer fields; the pointers are the call's tensors."""
+    the plan by hand: the same non-pointer fields; the pointers are the call's tensors. (The tile
+    kernels: task plans also get sync words, test_task_plans_get_their_sync_words.)"""
+    monkeypatch.setenv(ops.ENV_ARCH, "tiles")
     x = cl()
     w, b = params(dtype=torch.float32)
     for _ in range(2):
@@ -410,17 +412,17 @@ def test_records_poison_and_traces_take_the_general_forward(stub):
     assert torch.isnan(y).all()
     with ops.launch_record() as rec:
         gn_module.group_norm(x, 32)
-    assert isinstance(rec["fwd"]["plan"], schedule.Plan)
+    assert isinstance(rec["fwd"]["plan"], (schedule.Plan, schedule.TaskPlan))
     assert launch_fields(stub)[1]["record"] != 0
 
 
 # ---------------------------------------------------------------- settings
 def test_env_settings_are_read_on_every_call(monkeypatch):
-    assert ops.current_cap() is None and ops.current_arch() == "tiles"
+    assert ops.current_cap() is None and ops.current_arch() == ops.DEFAULT_ARCH == "tasks"
     monkeypatch.setenv(ops.ENV_CAP, "4")
     assert ops.current_cap() == 4
     with ops.max_resident_blocks(2):
-        assert ops.current_cap() == 2 and ops._settings() == (2, "tiles")
+        assert ops.current_cap() == 2 and ops._settings() == (2, "tasks")
     with ops.max_resident_blocks(9):
         assert ops.current_cap() == 4
     monkeypatch.setenv(ops.ENV_CAP, " 6 ")
@@ -439,7 +441,7 @@ def test_env_settings_are_read_on_every_call(monkeypatch):
     for _ in range(2):
         with pytest.raises(ValueError, match="GN_ARCH must be one of"):
             ops.current_arch()
-    for raw, arch in ((" tasks ", "tasks"), ("", "tiles"), ("tiles", "tiles")):
+    for raw, arch in ((" tasks ", "tasks"), ("", "tasks"), ("tiles", "tiles"), ("tasks+bwd", "tasks+bwd")):
         monkeypatch.setenv(ops.ENV_ARCH, raw)
         assert ops.current_arch() == arch and ops._settings() == (None, arch)
     monkeypatch.setattr(os, "environ", {ops.ENV_CAP: "7", ops.ENV_ARCH: "tasks"})

@@ -66,12 +66,14 @@ def test_ids_and_skip_reasons_without_gpu(pytester: pytest.Pytester) -> None:
         "*test_case?fwd-onepass-cap3-x1p1-fp16-silu? SKIPPED*",
         "*test_case?fwd-onepass-x1p1-fp16-silu? SKIPPED*",
         "*test_case?bwd-onepass-x2p1-fp16-silu? SKIPPED*",
+        "*test_case?fwd-tasks-x2p1-fp16-silu? SKIPPED*",  # the default --gn-arch both: task cases too
         "*gn summary*",
-        "overflow cases: 8 collected: 0 passed, 0 failed, 8 skipped",
-        "skipped 8: no usable CUDA device*",
-        "SKIPPED [[]9[]] *no usable CUDA device: *CPU-only build*",
+        "overflow cases: 12 collected: 0 passed, 0 failed, 12 skipped",
+        "*4 of them task kernel cases*",
+        "skipped 12: no usable CUDA device*",
+        "SKIPPED [[]13[]] *no usable CUDA device: *CPU-only build*",
     ])  # fmt: skip
-    result.assert_outcomes(skipped=9)
+    result.assert_outcomes(skipped=13)
 
 
 def test_header_and_ini_keys(pytester: pytest.Pytester) -> None:
@@ -175,7 +177,7 @@ def test_sweep_selects_suite_and_marked_user_tests(pytester: pytest.Pytester) ->
 def test_sweep_without_nvcc_says_what_it_skipped(pytester: pytest.Pytester, monkeypatch) -> None:
     monkeypatch.setenv("GN_NVCC", str(pytester.path / "no-nvcc"))
     result = pytester.runpytest_subprocess(
-        "--gn-arch-sweep", "--gn-profiles", "A100,Thor", "-p", "no:cacheprovider"
+        "--gn-arch-sweep", "--gn-profiles", "A100,Thor", "--gn-arch", "tiles", "-p", "no:cacheprovider"
     )
     result.stdout.fnmatch_lines([
         "*gn summary*",
@@ -199,9 +201,9 @@ def test_sweep_without_nvcc_says_what_it_skipped(pytester: pytest.Pytester, monk
 def test_xdist_ids_are_stable(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(OVERFLOW_TEST)
     result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "-p", "no:cacheprovider")
-    result.assert_outcomes(skipped=9)
+    result.assert_outcomes(skipped=13)
     assert "Different tests were collected" not in result.stdout.str() + result.stderr.str()
-    result.stdout.fnmatch_lines(["overflow cases: 8 collected: 0 passed, 0 failed, 8 skipped"])
+    result.stdout.fnmatch_lines(["overflow cases: 12 collected: 0 passed, 0 failed, 12 skipped"])
 
 
 PROFILES_UNUSED = (

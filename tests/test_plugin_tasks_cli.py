@@ -33,14 +33,14 @@ def test_help_documents_the_option_and_its_ini_key(pytester: pytest.Pytester) ->
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(["*--gn-arch=tiles|tasks|both*", "*gn_arch *"])
     text = " ".join(result.stdout.str().split())
-    for words in ("GN_ARCH=tasks", "forward cases only", "over the chunks it keeps in shared memory",
-                  "caps 1, 2, 3", "Default: tiles"):  # fmt: skip
+    for words in ("GN_ARCH=tasks", "gn_module's default forward", "over the chunks it keeps in shared memory",
+                  "caps 1, 2, 3", "Default: both"):  # fmt: skip
         assert words in text, words
 
 
 @pytest.mark.parametrize(
     ("args", "ids"),
-    [((), TILES), (("--gn-arch", "tiles"), TILES), (("--gn-arch", "tasks"), TASKS),
+    [((), TILES + TASKS), (("--gn-arch", "tiles"), TILES), (("--gn-arch", "tasks"), TASKS),
      (("--gn-arch", "both"), TILES + TASKS), (("--gn-arch", " Both "), TILES + TASKS)],
 )  # fmt: skip
 def test_the_option_picks_the_architectures_cases(pytester: pytest.Pytester, args, ids) -> None:
@@ -95,7 +95,9 @@ def test_the_sweep_has_task_cases_and_the_task_model_checks_only_when_asked(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_user=MARKED)
-    plain = pytester.runpytest("--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100,RTX3090")
+    plain = pytester.runpytest(
+        "--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100,RTX3090", "--gn-arch", "tiles"
+    )
     assert plain.ret == 0
     assert "-tasks-" not in plain.stdout.str() and "test_gn_tasks.py" not in plain.stdout.str()
     result = pytester.runpytest("--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100,RTX3090",
@@ -117,6 +119,8 @@ def test_the_sweep_has_task_cases_and_the_task_model_checks_only_when_asked(
     both = pytester.runpytest("--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100", "--gn-arch", "both")
     cases = [line for line in both.stdout.str().splitlines() if "test_gn_overflow[" in line]
     assert len(cases) == 48 * 3 + 2 + 24 * 3 + 1
+    default = pytester.runpytest("--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100")
+    assert [line for line in default.stdout.str().splitlines() if "test_gn_overflow[" in line] == cases
 
 
 def test_the_planted_bugs_selection_picks_the_task_cases_that_overflow(pytester: pytest.Pytester) -> None:

@@ -20,11 +20,14 @@ from gn_module import _abi, build, schedule
 from gn_module.schedule import KernelResources, Plan, Tiling
 
 ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
-#: Kernel architecture: "tiles" (tile partials + reduction levels, the proven path and default),
-#: "tasks" (the forward on csrc/gn_tasks.cuh: per-task tiles kept in shared memory; opt-in until
-#: the GPU suite has passed on it) or "tasks+bwd" (the backward too, two-pass; not yet validated).
+#: Kernel architecture: "tasks" (the default: the forward on csrc/gn_tasks.cuh, per-task tiles kept
+#: in shared memory, the backward on the tile kernels), "tiles" (tile partials + reduction levels
+#: for both; the default until the GPU suite, the sweep's task cases and the sanitizers passed on the
+#: task forward) or "tasks+bwd" (the backward on the task kernels too: opt-in until the plugin's
+#: overflow cases cover it).
 ENV_ARCH = "GN_ARCH"
 ARCHS = ("tiles", "tasks", "tasks+bwd")
+DEFAULT_ARCH = "tasks"
 
 # Caps and variants are process-wide (not thread-local): autograd runs backward on its own thread.
 _settings_lock = threading.Lock()
@@ -69,7 +72,7 @@ def _parse_cap(raw: str | bytes | None) -> int | None:
 
 def _parse_arch(raw: str | bytes | None) -> str:
     env = _ENV.decodevalue(raw) if type(raw) is bytes else raw
-    arch = (env if env is not None else "tiles").strip() or "tiles"
+    arch = (env if env is not None else DEFAULT_ARCH).strip() or DEFAULT_ARCH
     if arch not in ARCHS:
         raise ValueError(f"{ENV_ARCH} must be one of {ARCHS}, got {arch!r}")
     return arch
@@ -146,7 +149,7 @@ def current_variant() -> str | None:
 
 
 def current_arch() -> str:
-    """The forward kernel architecture in force (GN_ARCH; default "tiles")."""
+    """The kernel architecture in force (GN_ARCH; default DEFAULT_ARCH)."""
     return _parsed(_arch_values, _parse_arch, _raw_settings()[1])  # type: ignore[return-value]
 
 
