@@ -1,0 +1,123 @@
+"""Time the task kernels at several team sizes, to calibrate `schedule.choose_teams` (GPU).
+
+The residency cap is the knob: the results are bitwise equal at every cap, and a cap of
+``tasks x m`` gives teams of at most m members. For each shape and direction the script times the
+natural plan and the caps ``tasks x m`` for m = 1, 2, 4, ... up to the natural team size, and prints
+the plan each cap gave (members per team, teams, rounds, chunks per member, overflow) beside the
+median (CUDA events, L2 flushed). The backward runs with GN_ARCH=tasks+bwd.
+
+    python scripts/task_team_sweep.py [--dtype fp16] [--json PATH] [--shapes small|all]
+
+Why: on the H200 the small shapes' time is a latency chain (2x320x64x64 forward: 2.0 us prologue,
+5.7 us stats, 8.9 us waiting for a 132-member team's combine, 3.3 us apply; RESULTS.md), and the
+model behind `choose_teams` counts the busiest block's chunks but nothing that grows with the team.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+import torch
+
+import gn_module
+from gn_module import ops
+from gn_module.bench.timing import EventTimer, time_cuda
+
+DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+SMALL = [
+    ((2, 1280, 16, 16), 32, "silu"),
+    ((2, 640, 32, 32), 32, "silu"),
+    ((2, 320, 64, 64), 32, "silu"),
+    ((1, 512, 128, 128), 32, "silu"),
+]
+LARGER = [((1, 512, 256, 256), 32, "silu"), ((32, 128, 256, 256), 32, None)]
+
+
+def make(shape, dtype, groups):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.empty(shape, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+    x.normal_(3.0, 2.0, generator=g)
+    dy = torch.empty_like(x).normal_(0.0, 1.0, generator=g)
+    c = shape[1]
+    w = torch.empty(c, device="cuda").normal_(1.0, 0.2, generator=g).to(dtype)
+    b = torch.empty(c, device="cuda").normal_(0.0, 0.2, generator=g).to(dtype)
+    return x, dy, w, b
+
+
+def plan_text(p) -> str:
+    t = p.teams
+    if t is None:
+        return f"grid {p.grid}"
+    return (
+        f"m={t.team_size} teams={t.teams} rounds={t.rounds} chunks={t.chunks_per_member} "
+        f"over={t.overflow_chunks} grid={p.grid} sched={p.schedule}"
+    )
+
+
+def sweep(shape, groups, act, dname, timer) -> list[dict]:
+    dtype = DT[dname]
+    x, dy, w, b = make(shape, dtype, groups)
+    act_id = 0 if act is None else 1
+    rows = []
+    for direction, arch in (("fwd", "tasks"), ("bwd", "tasks+bwd")):
+        os.environ[ops.ENV_ARCH] = arch
+        natural = ops.plan(x.shape, groups, dtype, direction, "auto")
+        tasks = natural.tiling.tasks
+        caps: list[int | None] = [None]
+        m = 1
+        while tasks * m < natural.grid:
+            caps.append(tasks * m)
+            m *= 2
+        if direction == "bwd":
+            with torch.no_grad():
+                _, mean, rstd = ops.forward(x, w, b, groups, 1e-5, act_id, "auto")
+        for cap in caps:
+            with gn_module.max_resident_blocks(cap) if cap else contextlib.nullcontext():
+                p = ops.plan(x.shape, groups, dtype, direction, "auto")
+                if direction == "fwd":
+
+                    def fn():
+                        with torch.no_grad():
+                            return gn_module.group_norm(x, groups, w, b, 1e-5, act)
+                else:
+
+                    def fn(mean=mean, rstd=rstd):
+                        return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 2)
+
+                t = time_cuda(fn, reps=40, warmup=5, min_reps=10, max_seconds=0.15, timer=timer)
+            row = {
+                "shape": "x".join(map(str, shape)),
+                "dtype": dname,
+                "dir": direction,
+                "cap": cap,
+                "us": round(t.median_us, 2),
+                "plan": plan_text(p),
+            }
+            rows.append(row)
+            print(f"{row['shape']:18} {direction} cap={cap!s:5} {row['us']:8.2f} us  {row['plan']}")
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="fp16", choices=sorted(DT))
+    ap.add_argument("--shapes", default="all", choices=("small", "all"))
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
+    rows = []
+    for shape, groups, act in SMALL + (LARGER if args.shapes == "all" else []):
+        rows += sweep(shape, groups, act, args.dtype, timer)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
