@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -310,6 +311,39 @@ def test_gn_share_on_the_cpu_counts_op_time() -> None:
     assert share.top_kernels == () and share.named_elsewhere_ms == 0
 
 
+def _device(name: str, us: float) -> SimpleNamespace:
+    """A device-side event as torch's profiler lists it: its own event, device_type CUDA, no parent op."""
+    return SimpleNamespace(
+        name=name,
+        device_type="DeviceType.CUDA",
+        time_range=SimpleNamespace(start=1000.0, end=1000.0 + us),
+        cpu_parent=None,
+        cpu_children=(),
+        kernels=(),
+        cpu_time_total=0.0,
+    )
+
+
+def test_gn_share_sums_the_device_events_and_our_own_kernels() -> None:
+    ours = [
+        _device("void gn::fwd_task_onepass<__half, 8, true>(gn::GnArgs)", 6.0),
+        _device("_ZN2gn14bwd_tile_statsI6__halfLi8ELb1EEEvNS_6GnArgsE", 9.0),
+    ]
+    others = [_device("sm90_xmma_fprop", 100.0), _device("Memcpy DtoD (Device -> Device)", 5.0)]
+    cpu_side = step_events()  # its kernels hang on ops: not device events, so not counted twice
+    share = gs.gn_share(cpu_side + ours + others + ours, steps=2)
+    assert share.own_ms == pytest.approx(0.015) and share.own_launches == 2
+    assert share.device_ms == pytest.approx((2 * 15.0 + 105.0) / 2 / 1000)
+    assert share.total_ms == pytest.approx(0.050)  # torch's GroupNorm (per step of 2) as before
+    assert not gs.OWN_KERNEL_NAME.search("at::native::GroupNorm4dForward") and not gs.OWN_KERNEL_NAME.search(
+        "elementwise_kernel<copy>"
+    )
+    d = share.as_dict()
+    assert d["own_ms"] == pytest.approx(0.015) and d["device_ms"] > d["own_ms"]
+    cpu = gs.gn_share(cpu_side, steps=1, source=gs.CPU_SOURCE)
+    assert cpu.device_ms == 0 and cpu.own_ms == 0
+
+
 def test_gn_share_without_groupnorm_is_zero() -> None:
     share = gs.gn_share(flatten(op("aten::conv2d", kernels=(("conv", 5.0),))), steps=3)
     assert share.total_ms == 0 and share.forward_calls == 0
@@ -392,6 +426,9 @@ def test_criteria_compile_rows_check_memory_only_and_cpu_runs_are_not_judged() -
 def test_report_shows_groupnorm_columns_and_criteria() -> None:
     row = fake_row(12.0, 14.0, 9.0)
     row.gn = gn(4.0)
+    row.gn_swapped = gs.GnShare(
+        gs.DEVICE_SOURCE, 3, 0, 0, 0, 0, 0, 0, device_ms=6.5, own_ms=1.25, own_launches=106
+    )
     failed = fake_row(10.0, 14.0, 9.0)
     failed.gn_error = "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
     report = ModelsReport(
@@ -402,11 +439,18 @@ def test_report_shows_groupnorm_columns_and_criteria() -> None:
         rows=[row, failed],
     )
     md = bm.render_markdown_report(report)
-    assert "| speedup | GN ms | GN share | saved ms | saved/GN | peak MiB baseline |" in md
     assert (
-        "| vae | bf16 | eager | CL | 12.00 | 14.00 | 9.00 | 1.33x | 4.00 | 33% | 3.00 | 0.75 | 1000 |" in md
+        "| speedup | GN ms | GN share | saved ms | saved/GN | ours GN ms | GPU busy ms baseline/swapped "
+        "| peak MiB baseline |" in md
     )
-    assert "| 1.11x | error | - | - | - | 1000 |" in md
+    busy = f"{row.gn.device_ms:.2f}/6.50"
+    assert (
+        "| vae | bf16 | eager | CL | 12.00 | 14.00 | 9.00 | 1.33x | 4.00 | 33% | 3.00 | 0.75 | 1.25 | "
+        f"{busy} | 1000 |" in md
+    )
+    assert "| 1.11x | error | - | - | - | - | - | 1000 |" in md
+    assert "ours GN ms: gn_module's kernels in the swapped step" in md
+    assert report.as_dict()["rows"][0]["ours_gn_ms"] == 1.25
     assert "- vae bf16 eager GroupNorm profile: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED" in md
     assert "GN ms: device time of the CUDA kernels launched inside torch's GroupNorm ops" in md
     assert "from 3 profiled steps" in md and "20 timed steps in 5 rounds" in md

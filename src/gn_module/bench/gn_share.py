@@ -43,6 +43,9 @@ GN_KERNEL_NAME = re.compile(
     re.IGNORECASE,
 )
 
+#: gn_module's own kernels (namespace gn): the swapped step's GroupNorm, launched outside any aten op.
+OWN_KERNEL_NAME = re.compile(r"(^|[\s:(<])gn::|_ZN2gn")
+
 DEVICE_SOURCE = "cuda kernels"  # device time of the kernels launched inside GroupNorm ops
 CPU_SOURCE = "cpu ops"  # no kernels (CPU runs): the GroupNorm ops' own CPU time, children included
 TOP_KERNELS = 8
@@ -90,6 +93,12 @@ class GnShare:
     backward_calls: float
     named_elsewhere_ms: float  # GroupNorm-looking kernels outside GroupNorm ops: not counted
     top_kernels: tuple[tuple[str, float], ...] = ()  # (kernel, ms per step), largest first
+    # Of the whole trace, per step: every device event (kernels, copies, memsets) summed, an upper bound
+    # of the time the GPU was busy (a step far longer than this waits on the host), and gn_module's own
+    # kernels (the swapped step's GroupNorm). 0 without device events (CPU runs).
+    device_ms: float = 0.0
+    own_ms: float = 0.0
+    own_launches: float = 0.0
 
     @property
     def total_ms(self) -> float:
@@ -108,6 +117,9 @@ class GnShare:
             "backward_calls": self.backward_calls,
             "named_elsewhere_ms": self.named_elsewhere_ms,
             "top_kernels": [{"name": n[:160], "ms": ms} for n, ms in self.top_kernels],
+            "device_ms": self.device_ms,
+            "own_ms": self.own_ms,
+            "own_launches": self.own_launches,
         }
 
 
@@ -166,6 +178,8 @@ def gn_share(events: Iterable[OpEvent], steps: int, source: str = DEVICE_SOURCE)
         k.duration for e in events if id(e) not in inside for k in e.kernels if GN_KERNEL_NAME.search(k.name)
     )
     per_step = 1e-3 / steps  # microseconds in total -> milliseconds per step
+    device = [(e.name, _device_us(e)) for e in events if _is_device_event(e)]
+    own = [us for name, us in device if OWN_KERNEL_NAME.search(name)]
     return GnShare(
         source=source,
         steps=steps,
@@ -176,7 +190,21 @@ def gn_share(events: Iterable[OpEvent], steps: int, source: str = DEVICE_SOURCE)
         backward_calls=calls["backward"] / steps,
         named_elsewhere_ms=named_elsewhere * per_step,
         top_kernels=tuple((name, t * per_step) for name, t in kernels.most_common(TOP_KERNELS)),
+        device_ms=sum(us for _, us in device) * per_step,
+        own_ms=sum(own) * per_step,
+        own_launches=len(own) / steps,
     )
+
+
+def _is_device_event(event: OpEvent) -> bool:
+    """A device-side event of the trace (its own FunctionEvent, device_type CUDA): kernels, copies."""
+    kind = getattr(event, "device_type", None)
+    return kind is not None and str(kind).rsplit(".", 1)[-1] in ("CUDA", "PrivateUse1", "XPU")
+
+
+def _device_us(event: Any) -> float:
+    span = event.time_range
+    return float(span.end - span.start)
 
 
 def _outermost_copies(root: OpEvent) -> list[OpEvent]:
