@@ -7,6 +7,7 @@ records each launch's GnArgs bytes, so the launches can be compared field by fie
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import itertools
@@ -351,16 +352,22 @@ def test_gradient_route_sends_the_same_fields(stub):
 # ---------------------------------------------------------------- no-grad route
 @pytest.fixture
 def function_calls(monkeypatch):
-    """The calls that go through the autograd.Function (`ops._EagerGroupNorm.apply`)."""
-    real, calls = ops._EagerGroupNorm, []
+    """The calls that go through the autograd.Function (`ops._EagerGroupNorm.apply`, or the
+    `_function_apply` below its Python wrapper)."""
+    real, raw, calls = ops._EagerGroupNorm, ops._function_apply, []
 
     class Counting:
         @staticmethod
         def apply(*args):
-            calls.append(args)
+            calls.append(("apply", *args))
             return real.apply(*args)
 
+    def counting_raw(*args):
+        calls.append(("raw", *args))
+        return raw(*args)
+
     monkeypatch.setattr(ops, "_EagerGroupNorm", Counting)
+    monkeypatch.setattr(ops, "_function_apply", counting_raw)
     return calls
 
 
@@ -414,6 +421,304 @@ def test_records_poison_and_traces_take_the_general_forward(stub):
         gn_module.group_norm(x, 32)
     assert isinstance(rec["fwd"]["plan"], (schedule.Plan, schedule.TaskPlan))
     assert launch_fields(stub)[1]["record"] != 0
+
+
+# ---------------------------------------------------------------- the training route
+def _step(x, w, b, *, act="silu", passes="auto", dy=None, inputs=None):
+    """One training step through gn_module.group_norm: y, the gradients of `inputs` (default: those of
+    x, w, b that require grad) and the fields of the step's forward and backward launches."""
+    start = len(_stub_calls())
+    y = gn_module.group_norm(x, 32, w, b, act=act, passes=passes)
+    dy = torch.randn_like(y) if dy is None else dy
+    inputs = inputs or tuple(t for t in (x, w, b) if t is not None and t.requires_grad)
+    grads = torch.autograd.grad(y, inputs, dy, retain_graph=True)  # the saved tensors stay readable
+    calls = _stub_calls()[start:]
+    assert [c[0] for c in calls] == ["fwd", "bwd"]
+    return y, dy, grads, fields(calls[0][1]), fields(calls[1][1])
+
+
+_STUB: list = []
+
+
+def _stub_calls() -> list:
+    return _STUB[-1].calls
+
+
+@pytest.fixture
+def train_stub(stub):
+    _STUB.append(stub)
+    yield stub
+    _STUB.pop()
+
+
+def _leaf(t, requires=True):
+    return None if t is None else t.detach().requires_grad_(requires)
+
+
+PARAMS = {
+    "fp16 weight and bias": lambda: params(),
+    "fp32 weight and bias": lambda: params(dtype=torch.float32),
+    "bf16 weight, no bias": lambda: (params(dtype=torch.bfloat16)[0], None),
+    "no weight, fp32 bias": lambda: (None, params(dtype=torch.float32)[1]),
+    "no parameters": lambda: (None, None),
+}
+
+
+@pytest.mark.parametrize("arch", ["tiles", "tasks", "tasks+bwd"])
+@pytest.mark.parametrize("act, passes", [("silu", "auto"), (None, 1), (None, 2)])
+@pytest.mark.parametrize("case", PARAMS)
+def test_training_route_launches_as_the_general_one(train_stub, monkeypatch, case, act, passes, arch):
+    """The lean forward and backward (`_forward_lean`, `_backward_lean`) against the general `forward`
+    and `backward` (taken inside launch_record): the same non-pointer GnArgs fields in both
+    directions, gradients of the same dtypes, shapes and strides, and the pointers of the step's
+    tensors: the backward reads the mean and rstd the forward wrote, writes the dx and the float32
+    dweight and dbias it returns, and the forward's workspace is not among the saved tensors."""
+    monkeypatch.setenv(ops.ENV_ARCH, arch)
+    x = cl().bfloat16() if case.startswith("bf16") else cl()
+    w, b = (_leaf(t) for t in PARAMS[case]())
+    lean_x = _leaf(x)
+    y, dy, grads, fwd, bwd = _step(lean_x, w, b, act=act, passes=passes)
+    with ops.launch_record():
+        general = _step(_leaf(x), w, b, act=act, passes=passes, dy=dy)
+    assert plain(fwd) == plain(general[3]) and plain(bwd) == plain(general[4])
+    assert len(grads) == len(general[2])
+    for got, want in zip(grads, general[2], strict=True):
+        assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+    assert (fwd["x"], fwd["out"], fwd["dy"]) == (lean_x.data_ptr(), y.data_ptr(), None)
+    assert (bwd["x"], bwd["dy"], bwd["out"]) == (lean_x.data_ptr(), dy.data_ptr(), grads[0].data_ptr())
+    for name, p in (("weight", w), ("bias", b)):
+        assert fwd[name] == bwd[name] == (None if p is None else p.data_ptr())
+    assert (bwd["mean"], bwd["rstd"]) == (fwd["mean"], fwd["rstd"])
+    saved = y.grad_fn.saved_tensors
+    assert len(saved) == 4 and saved[3].dtype == torch.float32
+    stats = saved[3].data_ptr()
+    ng = x.shape[0] * 32
+    assert fwd["mean"] == stats and fwd["rstd"] == stats + 4 * ops._round_up(ng, 64)
+    assert saved[3].numel() == ops._round_up(ng, 64) + ng
+    assert fwd["workspace"] not in range(stats, stats + 4 * saved[3].numel())
+    returned = {t.data_ptr() for t in grads[1:]}
+    param = w if w is not None else b
+    for name, p in (("dweight", w), ("dbias", b)):
+        assert bwd[name]
+        as_written = p is not None and param.dtype == torch.float32
+        assert (bwd[name] in returned) == as_written, name
+    assert bool(fwd["sync"]) == (fwd["arch"] == 2) and bool(bwd["sync"]) == (bwd["arch"] == 2)
+    sync_buffers = {buf.data_ptr() for buf in ops._sync_buffers.values()}
+    assert all(f["sync"] in sync_buffers for f in (fwd, bwd) if f["sync"])
+
+
+class _WritingStub(host_overhead.PyStubLibrary):
+    """Writes what the kernels would: forward mean = n*G + g and rstd = its negative, backward
+    dweight = c and dbias = -c after checking that it reads the forward's mean and rstd."""
+
+    def gn_forward(self, args, stream):
+        super().gn_forward(args, stream)
+        a = _abi.GnArgs.from_buffer_copy(self.calls[-1][1])
+        ng = a.n * a.g
+        (ctypes.c_float * ng).from_address(a.mean)[:] = [float(i) for i in range(ng)]
+        (ctypes.c_float * ng).from_address(a.rstd)[:] = [-float(i) for i in range(ng)]
+        return 0
+
+    def gn_backward(self, args, stream):
+        super().gn_backward(args, stream)
+        a = _abi.GnArgs.from_buffer_copy(self.calls[-1][1])
+        ng = a.n * a.g
+        assert list((ctypes.c_float * ng).from_address(a.mean)) == [float(i) for i in range(ng)]
+        assert list((ctypes.c_float * ng).from_address(a.rstd)) == [-float(i) for i in range(ng)]
+        (ctypes.c_float * a.c).from_address(a.dweight)[:] = [float(c) for c in range(a.c)]
+        (ctypes.c_float * a.c).from_address(a.dbias)[:] = [-float(c) for c in range(a.c)]
+        return 0
+
+
+@pytest.mark.parametrize("pdtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("route", ["lean", "general"])
+def test_parameter_gradients_are_what_the_kernels_wrote(monkeypatch, pdtype, route):
+    """The backward reads the statistics the forward wrote and returns the dweight and dbias the
+    kernels wrote, in the parameters' dtype (through the scratch for float16/bfloat16)."""
+    monkeypatch.setenv(ops.ENV_ARCH, "tiles")
+    with host_overhead.cpu_device(_WritingStub()):
+        x = _leaf(cl((3, 64, 4, 4)) if pdtype != torch.bfloat16 else cl((3, 64, 4, 4)).bfloat16())
+        w, b = (_leaf(t) for t in params(dtype=pdtype))
+        with ops.launch_record() if route == "general" else contextlib.nullcontext():
+            y = gn_module.group_norm(x, 32, w, b)
+            y.backward(torch.ones_like(y))
+    expected = torch.arange(64, dtype=torch.float32).to(pdtype)
+    assert w.grad.dtype == b.grad.dtype == pdtype
+    assert torch.equal(w.grad, expected) and torch.equal(b.grad, -expected)
+
+
+@pytest.mark.parametrize("requires", ["x", "w", "b", "xw", "xb", "wb", "xwb"])
+@pytest.mark.parametrize("pdtype", [torch.float16, torch.float32])
+def test_training_route_returns_the_gradients_asked_for(train_stub, requires, pdtype):
+    """Gradients of exactly the inputs that need one, of the input's dtype, as the general route."""
+    x = cl()
+    w, b = params(dtype=pdtype)
+    results = []
+    for general in (False, True):
+        tensors = [_leaf(t, name in requires) for t, name in ((x, "x"), (w, "w"), (b, "b"))]
+        with ops.launch_record() if general else contextlib.nullcontext():
+            y = gn_module.group_norm(*tensors[:1], 32, *tensors[1:], act="silu")
+            y.backward(torch.ones_like(y))
+        results.append([None if t.grad is None else (t.grad.dtype, t.grad.shape) for t in tensors])
+    assert results[0] == results[1]
+    assert [g is not None for g in results[0]] == [name in requires for name in "xwb"]
+    assert all(g is None or g[0] == t.dtype for g, t in zip(results[0], (x, w, b), strict=True))
+
+
+def test_backward_reads_the_settings_in_force_when_it_runs(train_stub, monkeypatch):
+    """As before the lean backward: the cap, GN_ARCH and build variant of the backward's launch are
+    those in force when the backward runs, not those of its forward (the launch cache key has them)."""
+    monkeypatch.setenv(ops.ENV_ARCH, "tiles")
+    x = cl((8, 64, 32, 32))
+    w, b = params()
+
+    def forward():
+        return gn_module.group_norm(_leaf(x), 32, w, b, passes=1)
+
+    y = forward()
+    with ops.max_resident_blocks(3):
+        y.backward(torch.ones_like(y))
+    natural = launch_fields(train_stub, -2)[1]["grid"]
+    assert launch_fields(train_stub)[1]["grid"] == 3 < natural
+    with ops.max_resident_blocks(3):
+        y = forward()
+    assert launch_fields(train_stub)[1]["grid"] == 3
+    y.backward(torch.ones_like(y))
+    direction, f = launch_fields(train_stub)
+    assert direction == "bwd" and f["grid"] > 3
+    monkeypatch.setenv(ops.ENV_CAP, "2")
+    forward().backward(torch.ones_like(y))
+    assert launch_fields(train_stub, -2)[1]["grid"] == launch_fields(train_stub)[1]["grid"] == 2
+    monkeypatch.delenv(ops.ENV_CAP)
+
+    monkeypatch.setenv(ops.ENV_ARCH, "tiles")
+    y = forward()
+    monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd")
+    y.backward(torch.ones_like(y))
+    assert launch_fields(train_stub, -2)[1]["arch"] == 1 and launch_fields(train_stub)[1]["arch"] == 2
+    y = forward()
+    monkeypatch.setenv(ops.ENV_ARCH, "tiles")
+    y.backward(torch.ones_like(y))
+    assert launch_fields(train_stub, -2)[1]["arch"] == 2 and launch_fields(train_stub)[1]["arch"] == 1
+
+    y = forward()
+    with ops.build_variant("compute_80"):
+        y.backward(torch.ones_like(y))
+    variants = {(key[0], key[11]) for key in ops._launches}
+    assert ("bwd", "compute_80") in variants and ("fwd", "compute_80") not in variants
+
+
+def test_records_and_poison_at_either_end_of_a_step(train_stub):
+    """A forward and backward on different routes (lean or general, as records, poisoning and traces
+    are on when each runs) hand the backward the mean and rstd the forward wrote."""
+    x = cl()
+    w, b = params(dtype=torch.float32)
+    y = gn_module.group_norm(_leaf(x), 32, w, b)  # lean
+    with ops.launch_record() as rec:
+        y.backward(torch.ones_like(y))  # general
+    fwd, bwd = launch_fields(train_stub, -2)[1], launch_fields(train_stub)[1]
+    assert rec["bwd"]["plan"].tiling.direction == "bwd" and bwd["record"] != 0
+    assert (bwd["mean"], bwd["rstd"]) == (fwd["mean"], fwd["rstd"])
+    with ops.launch_record():
+        y = gn_module.group_norm(_leaf(x), 32, w, b)  # general
+    assert len(y.grad_fn.saved_tensors) == 4  # laid out as the lean forward's
+    assert launch_fields(train_stub)[1]["mean"] == y.grad_fn.saved_tensors[3].data_ptr()
+    y.backward(torch.ones_like(y))  # lean
+    fwd, bwd = launch_fields(train_stub, -2)[1], launch_fields(train_stub)[1]
+    assert (bwd["mean"], bwd["rstd"]) == (fwd["mean"], fwd["rstd"]) and bwd["record"] is None
+    xg = _leaf(x)
+    with ops.poison_outputs():
+        y = gn_module.group_norm(xg, 32, w, b)
+        y.backward(torch.ones_like(y))
+    assert torch.isnan(y).all() and torch.isnan(xg.grad).all()
+
+
+def test_gradients_in_another_layout_are_copied_to_x_layout(train_stub):
+    x = _leaf(cl())
+    y = gn_module.group_norm(x, 32)
+    dy = torch.randn(y.shape)  # NCHW-contiguous against channels_last x
+    (dx,) = torch.autograd.grad(y, x, dy)
+    bwd = launch_fields(train_stub)[1]
+    assert bwd["dy"] != dy.data_ptr() and bwd["out"] == dx.data_ptr() and dx.stride() == x.stride()
+    y = gn_module.group_norm(x, 32)
+    torch.autograd.grad(y, x, torch.ones(()).expand(y.shape))  # strides 0: copied too
+    assert launch_fields(train_stub)[1]["dy"] != 0
+
+
+class _FailingStub(host_overhead.PyStubLibrary):
+    def __init__(self, direction: str) -> None:
+        super().__init__()
+        self.failing = direction
+
+    def gn_forward(self, args, stream):
+        return super().gn_forward(args, stream) or (7 if self.failing == "fwd" else 0)
+
+    def gn_backward(self, args, stream):
+        return super().gn_backward(args, stream) or (7 if self.failing == "bwd" else 0)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_launch_errors_are_the_general_routes(direction):
+    messages = []
+    with host_overhead.cpu_device(_FailingStub(direction)):
+        for general in (False, True):
+            route = ops.launch_record() if general else contextlib.nullcontext()
+            with route, pytest.raises(RuntimeError) as info:
+                y = gn_module.group_norm(_leaf(cl()), 32)
+                y.backward(torch.ones_like(y))
+            messages.append(str(info.value))
+    assert (
+        messages[0] == messages[1] == f"gn_module: GroupNorm {direction} launch failed: CUDA error 7 (stub)"
+    )
+
+
+def test_saved_tensor_hooks_and_checkpointing_see_every_saved_tensor(train_stub):
+    """All the step keeps goes through save_for_backward: saved-tensor hooks (CPU offload, checkpointing)
+    see x, weight, bias and the statistics, and non-reentrant checkpointing recomputes the forward."""
+    x = _leaf(cl())
+    w, b = (_leaf(t) for t in params())
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = gn_module.group_norm(x, 32, w, b, act="silu")
+    assert [p.shape for p in packed[:3]] == [x.shape, w.shape, b.shape] and len(packed) == 4
+    y.backward(torch.ones_like(y))
+    start = len(train_stub.calls)
+
+    def layer(t):
+        return gn_module.group_norm(t, 32, w, b)
+
+    out = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+    out.backward(torch.ones_like(out))
+    assert [c[0] for c in train_stub.calls[start:]] == ["fwd", "fwd", "bwd"]
+    with ops.launch_record():  # the general forward, recomputed on the lean one: the same saved tensors
+        out = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+    out.backward(torch.ones_like(out))
+    assert [c[0] for c in train_stub.calls[start + 3 :]] == ["fwd", "fwd", "bwd"]
+
+
+def test_the_function_below_its_python_wrapper_only_without_functorch(train_stub, function_calls):
+    x = _leaf(cl())
+    gn_module.group_norm(x, 32)
+    assert [c[0] for c in function_calls] == ["raw"]
+    leaked = []
+
+    def inner(w):
+        leaked.append(w)
+        return w.sum()
+
+    torch.func.grad(inner)(torch.ones(64, dtype=torch.float16))
+    (dead,) = leaked  # a functorch wrapper outliving its transform: the wrapper unwraps it
+    assert ops._is_functorch_wrapped(dead)
+    y = gn_module.group_norm(x, 32, dead.requires_grad_(), None)
+    assert [c[0] for c in function_calls] == ["raw", "apply"] and y.grad_fn is not None
+    with pytest.raises(RuntimeError, match="setup_context"):  # as before: functorch needs setup_context
+        torch.func.grad(lambda t: gn_module.group_norm(t, 32).sum())(cl())
+    assert function_calls[-1][0] == "apply"
 
 
 # ---------------------------------------------------------------- settings
@@ -476,6 +781,11 @@ def test_host_overhead_cpu_mode(tmp_path):
     assert "group_norm (ours, whole call)" in rows and "torch.empty_like (floor)" in rows
     assert all(r["median_us"] > 0 for r in rows.values())
     assert 0 < len(report["profile_top"]) <= 18
+    train = report["training"]["results"]
+    for row in ("train step fp32 (group_norm + autograd.grad)", "train step bf16 params", "floor: empty"):
+        assert any(label.startswith(row) for label in train), row
+    assert all(r["median_us"] > 0 for r in train.values())
+    assert 0 < len(report["training"]["profile_top"]) <= 18
     assert not ops._launches  # the fake device's launches are not left behind
 
 

@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import struct
 import threading
 from collections.abc import Callable, Iterator
 
@@ -491,24 +492,58 @@ def _sync_buffer(device: torch.device, stream: int, words: int) -> torch.Tensor:
 
 class _Launch:
     """What one call signature launches, computed once: the plan, the pointer-free GnArgs bytes, the
-    library entry, and the layout of the forward's single scratch allocation (see `forward_nograd`)."""
+    library entry, and the sizes of the call's allocations.
 
-    __slots__ = ("args", "entry", "lib", "plan", "scratch_floats", "stats_offsets", "sync_words", "tail")
+    The single scratch allocation holds the workspace first (the allocator's alignment), then two
+    256-byte aligned regions at byte `offsets`: mean and rstd forward (`forward_nograd`), dweight
+    and dbias backward (`_backward_lean`, where they are not returned as the kernels write them).
+    The training forward keeps mean and rstd apart, in `stats_floats` (rstd at `rstd_offset` bytes),
+    and the workspace in `workspace_floats` (`_forward_lean`)."""
+
+    __slots__ = (
+        "args",
+        "entry",
+        "lib",
+        "offsets",
+        "plan",
+        "rstd_offset",
+        "scratch_floats",
+        "stats_floats",
+        "sync_words",
+        "tail",
+        "tail_after_sync",
+        "tail_before_sync",
+        "workspace_floats",
+    )
 
     def __init__(self, p: Plan | schedule.TaskPlan, args: bytes, lib: ctypes.CDLL, direction: str) -> None:
         self.plan, self.args, self.lib = p, args, lib
         self.entry = lib.gn_forward if direction == "fwd" else lib.gn_backward
         self.tail = args[_abi.POINTERS_SIZE :]  # what follows the data pointers
         self.sync_words = p.sync_words if isinstance(p, schedule.TaskPlan) else 0
-        # Workspace first (the allocator's alignment), then mean and rstd, each 256-byte aligned.
-        ws = _round_up(max(1, sum(p.workspace_floats.values())), 64)
-        stats = p.batch * p.tiling.groups
-        self.stats_offsets = (4 * ws, 4 * (ws + _round_up(stats, 64)))
-        self.scratch_floats = ws + _round_up(stats, 64) + stats
+        # the tail around the sync pointer, which a task plan's launch packs in between
+        self.tail_before_sync = args[_abi.POINTERS_SIZE : _SYNC_AT]
+        self.tail_after_sync = args[_SYNC_AT + _SYNC.size :]
+        self.workspace_floats = max(1, sum(p.workspace_floats.values()))  # as `_workspace`
+        ws = _round_up(self.workspace_floats, 64)
+        pair = p.batch * p.tiling.groups if direction == "fwd" else p.tiling.channels
+        self.offsets = (4 * ws, 4 * (ws + _round_up(pair, 64)))
+        self.scratch_floats = ws + _round_up(pair, 64) + pair
+        self.rstd_offset, self.stats_floats = _stats_layout(pair)
 
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def _stats_layout(ng: int) -> tuple[int, int]:
+    """The training forward's mean-and-rstd tensor for N*G groups: rstd's byte offset (256-byte
+    aligned, as in the scratch) and the float count."""
+    return 4 * _round_up(ng, 64), _round_up(ng, 64) + ng
+
+
+_SYNC = struct.Struct("@P")
+_SYNC_AT = _abi.GnArgs.sync.offset
 
 
 # One _Launch per call signature: everything `plan` and `_args` read is in the key (shape, dtype,
@@ -636,13 +671,18 @@ def forward(
     eps: float,
     act: int,
     passes: int,
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the forward kernels: y (x's memory format), mean and rstd (N, G) float32."""
+    """Run the forward kernels: y (x's memory format), mean and rstd (N, G) float32 (`stats` if
+    given, else new tensors)."""
     param = weight if weight is not None else bias
     p, a = _prepare("fwd", x, num_groups, eps, act, passes, param)
     y = torch.empty_like(x)
-    mean = torch.empty((x.shape[0], num_groups), dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean)
+    if stats is None:
+        mean = torch.empty((x.shape[0], num_groups), dtype=torch.float32, device=x.device)
+        rstd = torch.empty_like(mean)
+    else:
+        mean, rstd = stats
     ws = _workspace(p, x.device)
     _poisoned(y, mean, rstd, ws)
     a.x, a.out, a.weight, a.bias = x.data_ptr(), y.data_ptr(), _ptr(weight), _ptr(bias)
@@ -675,32 +715,82 @@ def forward_nograd(
     y = torch.empty_like(x)
     scratch = torch.empty(launch.scratch_floats, dtype=torch.float32, device=x.device)
     ws = scratch.data_ptr()
-    mean, rstd = launch.stats_offsets
-    args = (
-        _abi.POINTERS.pack(
-            ptr,
-            0,
-            y.data_ptr(),
-            0 if weight is None else weight.data_ptr(),
-            0 if bias is None else bias.data_ptr(),
-            ws + mean,
-            ws + rstd,
-            ws,
-            0,
-            0,
-            0,
-        )
-        + launch.tail
+    mean, rstd = launch.offsets
+    pointers = _abi.POINTERS.pack(
+        ptr,
+        0,
+        y.data_ptr(),
+        0 if weight is None else weight.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+        ws + mean,
+        ws + rstd,
+        ws,
+        0,
+        0,
+        0,
     )
+    _send(launch, pointers, x.device, index, "GroupNorm fwd launch")
+    return y
+
+
+def _send(launch: _Launch, pointers: bytes, device: torch.device, index: int, what: str) -> None:
+    """Launch `launch` with these data pointers (`_abi.POINTERS` bytes) on the current stream: the
+    cached GnArgs bytes behind them, a task plan's synchronisation words added; `_check`'s error."""
     stream = _raw_stream(index)
     if launch.sync_words:
-        a = _abi.GnArgs.from_buffer_copy(args)
-        a.sync = _sync_buffer(x.device, stream, launch.sync_words).data_ptr()
-        args = ctypes.byref(a)  # type: ignore[assignment]
+        sync = _SYNC.pack(_sync_buffer(device, stream, launch.sync_words).data_ptr())
+        args = pointers + launch.tail_before_sync + sync + launch.tail_after_sync
+    else:
+        args = pointers + launch.tail
     code = launch.entry(args, stream)
     if code:
-        _check(launch.lib, code, "GroupNorm fwd launch")
-    return y
+        _check(launch.lib, code, what)
+
+
+def _forward_lean(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`forward` for the training path with less host work: y, mean and rstd in one float32 tensor
+    (mean first) which the backward keeps, and rstd's byte offset in it (see `_stats_views`).
+
+    The same launch as `forward` (plan, GnArgs fields, kernels, stream) with three allocations
+    instead of four and GnArgs packed as in `forward_nograd`; the workspace is freed on return.
+    """
+    ptr = x.data_ptr()
+    index = x.get_device()
+    param = weight if weight is not None else bias
+    launch = _launch("fwd", x, index, ptr % schedule.VEC_BYTES == 0, num_groups, eps, act, passes, param)
+    y = torch.empty_like(x)
+    stats = torch.empty(launch.stats_floats, dtype=torch.float32, device=x.device)
+    ws = torch.empty(launch.workspace_floats, dtype=torch.float32, device=x.device)
+    mean = stats.data_ptr()
+    pointers = _abi.POINTERS.pack(
+        ptr,
+        0,
+        y.data_ptr(),
+        0 if weight is None else weight.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+        mean,
+        mean + launch.rstd_offset,
+        ws.data_ptr(),
+        0,
+        0,
+        0,
+    )
+    _send(launch, pointers, x.device, index, "GroupNorm fwd launch")
+    return y, stats, launch.rstd_offset
+
+
+def _stats_views(stats: torch.Tensor, num_groups: int, rstd_at: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean and rstd, (N, G) views of the training forward's one float32 tensor (rstd at byte `rstd_at`)."""
+    ng, at = stats.numel() - rstd_at // 4, rstd_at // 4
+    return stats[:ng].view(-1, num_groups), stats[at : at + ng].view(-1, num_groups)
 
 
 def backward(
@@ -732,6 +822,68 @@ def backward(
     a.dweight, a.dbias = dw32.data_ptr(), db32.data_ptr()
     _run("bwd", p, a, x)
     return dx, dw32.to(pdt), db32.to(pdt)
+
+
+def _backward_lean(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: int,
+    rstd: int,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+    want_dweight: bool,
+    want_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """`backward` with less host work, for the autograd.Function: the same launch (plan, GnArgs
+    fields, kernels, stream) from `mean` and `rstd` data pointers, returning dweight (dbias) only
+    where wanted, else None.
+
+    The workspace shares one float32 allocation with the dweight and dbias the kernels write, except
+    those returned as written (float32 parameters), which get their own tensors as before; for
+    float16/bfloat16 parameters the wanted ones are converted from that scratch as `backward` does.
+    """
+    if dy.stride() != x.stride():  # gradients arrive in any layout; the kernels read x's
+        dy = torch.empty_like(x).copy_(dy)
+    ptr, dy_ptr = x.data_ptr(), dy.data_ptr()
+    index = x.get_device()
+    param = weight if weight is not None else bias
+    aligned = ptr % schedule.VEC_BYTES == 0 and dy_ptr % schedule.VEC_BYTES == 0
+    launch = _launch("bwd", x, index, aligned, num_groups, eps, act, passes, param)
+    dx = torch.empty_like(x)
+    scratch = torch.empty(launch.scratch_floats, dtype=torch.float32, device=x.device)
+    ws = scratch.data_ptr()
+    dw_at, db_at = launch.offsets
+    dw = db = None
+    as_written = param is None or param.dtype is torch.float32
+    if as_written and want_dweight:
+        dw = torch.empty(x.shape[1], dtype=torch.float32, device=x.device)
+    if as_written and want_dbias:
+        db = torch.empty(x.shape[1], dtype=torch.float32, device=x.device)
+    pointers = _abi.POINTERS.pack(
+        ptr,
+        dy_ptr,
+        dx.data_ptr(),
+        0 if weight is None else weight.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+        mean,
+        rstd,
+        ws,
+        ws + dw_at if dw is None else dw.data_ptr(),
+        ws + db_at if db is None else db.data_ptr(),
+        0,
+    )
+    _send(launch, pointers, x.device, index, "GroupNorm bwd launch")
+    if not as_written:
+        c = x.shape[1]
+        if want_dweight:
+            dw = scratch[dw_at // 4 : dw_at // 4 + c].to(param.dtype)  # type: ignore[union-attr]
+        if want_dbias:
+            db = scratch[db_at // 4 : db_at // 4 + c].to(param.dtype)  # type: ignore[union-attr]
+    return dx, dw, db
 
 
 _ACTS = {0: None, 1: "silu"}
@@ -812,24 +964,48 @@ group_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerGroupNorm(torch.autograd.Function):
-    """The same kernels without the dispatcher round trip of a custom op (eager mode only)."""
+    """The same kernels without the dispatcher round trip of a custom op (eager mode only).
+
+    forward saves x, weight and bias as given, and mean and rstd in one float32 tensor (rstd's byte
+    offset in ctx.gn): `_forward_lean`'s, or `forward` writing into views of one laid out the same
+    while launch records, poisoning or phase traces are on, so that what is saved does not depend
+    on them (non-reentrant checkpointing compares what its recomputation saves). backward takes
+    `_backward_lean`, or `backward` while those are on (read when it runs, as the cap, build variant
+    and GN_ARCH are by `_launch`).
+    """
 
     @staticmethod
     def forward(ctx, x, weight, bias, num_groups, eps, act, passes):
-        y, mean, rstd = forward(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
-        _setup_context(ctx, (x, weight, bias, num_groups, eps, act, passes), (y, mean, rstd))
+        w, b = _dense(weight), _dense(bias)
+        if _records or _poison or _traces:
+            rstd_at, floats = _stats_layout(x.shape[0] * num_groups)
+            stats = torch.empty(floats, dtype=torch.float32, device=x.device)
+            y, _, _ = forward(x, w, b, num_groups, eps, act, passes, _stats_views(stats, num_groups, rstd_at))
+        else:
+            y, stats, rstd_at = _forward_lean(x, w, b, num_groups, eps, act, passes)
+        ctx.save_for_backward(x, weight, bias, stats)
+        ctx.gn = (num_groups, eps, act, passes, rstd_at)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, bias, mean, rstd = ctx.saved_tensors
-        num_groups, eps, act, passes = ctx.config
-        dx, dw, db = backward(dy, x, _dense(weight), _dense(bias), mean, rstd, num_groups, eps, act, passes)
+        x, weight, bias, stats = ctx.saved_tensors
+        num_groups, eps, act, passes, rstd_at = ctx.gn
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        want_w, want_b = need_w and weight is not None, need_b and bias is not None
+        w, b = _dense(weight), _dense(bias)
+        if _records or _poison or _traces:
+            mean, rstd = _stats_views(stats, num_groups, rstd_at)
+            dx, dw, db = backward(dy, x, w, b, mean, rstd, num_groups, eps, act, passes)
+        else:
+            mean = stats.data_ptr()
+            dx, dw, db = _backward_lean(
+                dy, x, w, b, mean, mean + rstd_at, num_groups, eps, act, passes, want_w, want_b
+            )
         return (
             dx if need_x else None,
-            dw if (weight is not None and need_w) else None,
-            db if (bias is not None and need_b) else None,
+            dw if want_w else None,
+            db if want_b else None,
             None,
             None,
             None,
@@ -856,6 +1032,11 @@ def _needs_autograd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
 
 
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_functorch_active = torch._C._are_functorch_transforms_active
+# `_EagerGroupNorm.apply` below its Python wrapper (torch.autograd.Function.apply), about 2 us less:
+# with no functorch transform active and no functorch tensor among the arguments, and no
+# setup_context defined, that wrapper only calls this one (it binds no defaults and unwraps nothing).
+_function_apply = super(torch.autograd.Function, _EagerGroupNorm).apply
 
 
 def group_norm_eager(
@@ -871,7 +1052,14 @@ def group_norm_eager(
     autograd.Function when autograd needs it, else the kernels directly (the Function's own cost,
     about 6 us, buys nothing without a graph: the result is the same tensor with no grad_fn)."""
     if _needs_autograd(x, weight, bias):
-        return _EagerGroupNorm.apply(x, weight, bias, num_groups, eps, act, passes)
+        if (
+            _functorch_active()
+            or _is_functorch_wrapped(x)
+            or (weight is not None and _is_functorch_wrapped(weight))
+            or (bias is not None and _is_functorch_wrapped(bias))
+        ):
+            return _EagerGroupNorm.apply(x, weight, bias, num_groups, eps, act, passes)
+        return _function_apply(x, weight, bias, num_groups, eps, act, passes)
     return forward_nograd(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
 
 

@@ -1,8 +1,12 @@
 """The eager no-grad route on a GPU (issue 12): the same results as the autograd.Function route, bit
-for bit, on the stream in force, with every output element written. CPU tests of the same path:
+for bit, on the stream in force, with every output element written. The training route (issue 13):
+its lean forward and backward (`ops._forward_lean`, `ops._backward_lean`) give the general route's
+bits (`ops.forward`, `ops.backward`, taken inside `launch_record`). CPU tests of the same paths:
 tests/test_host_path.py."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -55,6 +59,59 @@ def test_nograd_route_is_bitwise_the_function_route(monkeypatch, shape, dtype, p
         assert y.grad_fn is not None and fast.grad_fn is None
         assert torch.equal(fast, y.detach()), (shape, dtype, passes, arch, act)
         assert fast.stride() == x.stride()
+
+
+def _training_step(x, w, b, g, dy, *, general, requires="xwb", **kwargs):
+    """y and the gradients of those of x, w, b in `requires`, on the lean or the general route."""
+    leaves = [t.detach().requires_grad_(name in requires) for t, name in zip((x, w, b), "xwb", strict=True)]
+    with ops.launch_record() if general else contextlib.nullcontext():
+        y = gn_module.group_norm(leaves[0], g, leaves[1], leaves[2], **kwargs)
+        grads = torch.autograd.grad(y, [t for t in leaves if t.requires_grad], dy)
+    return (y.detach(), *grads)
+
+
+def _assert_same(got, want, what):
+    assert len(got) == len(want), what
+    for i, (a, e) in enumerate(zip(got, want, strict=True)):
+        assert (a.dtype, a.shape, a.stride()) == (e.dtype, e.shape, e.stride()), (what, i)
+        assert torch.equal(a, e), (what, i)
+
+
+@pytest.mark.parametrize("arch", ["tiles", "tasks", "tasks+bwd"])
+@pytest.mark.parametrize("passes", ["auto", 1, 2])
+@pytest.mark.parametrize("params", ["fp32", "x dtype"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_training_route_is_bitwise_the_general_route(monkeypatch, shape, dtype, params, passes, arch):
+    if params == "x dtype" and dtype == torch.float32:
+        pytest.skip("the fp32 row")
+    monkeypatch.setenv(ops.ENV_ARCH, arch)
+    x, w, b = make(shape, dtype, torch.float32 if params == "fp32" else None)
+    g = groups_for(shape[1])
+    dy = torch.randn_like(x)  # x's layout
+    for act in (None, "silu"):
+        kwargs = {"act": act, "passes": passes}
+        try:
+            lean = _training_step(x, w, b, g, dy, general=False, **kwargs)
+        except RuntimeError as exc:  # e.g. a one-pass kernel that cannot run: the same error
+            with pytest.raises(RuntimeError) as got:
+                _training_step(x, w, b, g, dy, general=True, **kwargs)
+            assert str(got.value) == str(exc)
+            continue
+        _assert_same(lean, _training_step(x, w, b, g, dy, general=True, **kwargs), (act, passes, arch))
+
+
+@pytest.mark.parametrize("requires", ["x", "w", "b", "wb", "xb"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d).replace("torch.", ""))
+def test_training_route_with_frozen_inputs_and_any_gradient_layout(requires, dtype):
+    """Frozen x, weight or bias (their dweight/dbias in the scratch) and a gradient in another layout
+    (copied to x's): the general route's bits."""
+    x, w, b = make((4, 128, 16, 16), dtype)
+    for dy in (torch.randn_like(x), torch.randn(x.shape, device="cuda").to(dtype)):  # channels_last, NCHW
+        lean = _training_step(x, w, b, 8, dy, general=False, requires=requires, act="silu")
+        _assert_same(
+            lean, _training_step(x, w, b, 8, dy, general=True, requires=requires, act="silu"), requires
+        )
 
 
 def test_nograd_route_writes_every_element():
