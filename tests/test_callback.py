@@ -236,6 +236,9 @@ def test_bad_option_types_name_the_parameter():
     for flag in ("fuse_silu", "restore_on_teardown", "log_hyperparams"):
         with pytest.raises(TypeError, match=f"{flag} must be True or False, got int 1"):
             GNSwapCallback(**{flag: 1})
+    with pytest.raises(ValueError, match=r"GNSwapCallback\(\): autocast_output must be one of"):
+        GNSwapCallback(autocast_output="fp32")  # type: ignore[arg-type]
+    assert GNSwapCallback(autocast_output="input").convert_kwargs["autocast_output"] == "input"
 
 
 def test_include_given_as_a_generator_still_applies(tmp_path):

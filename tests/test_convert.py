@@ -383,3 +383,19 @@ def test_subclass_of_fast_groupnorm_with_own_forward_is_not_fused_or_reverted():
     assert report.fused == [] and model[0].act is None and type(model[1]) is nn.SiLU
     model, report = revert_groupnorm(model)
     assert type(model[0]) is Doubled and "overrides forward" in report.skipped["0"]
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_autocast_output_reaches_every_swapped_layer_and_revert_drops_it(in_place):
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.GroupNorm(4, 8), nn.SiLU(), nn.GroupNorm(2, 8))
+    converted, report = gn_module.convert_groupnorm(model, autocast_output="input", in_place=in_place)
+    norms = [m for m in converted.modules() if isinstance(m, gn_module.GroupNorm)]
+    assert len(norms) == 2 == len(report.swapped)
+    assert all(m.autocast_output == "input" for m in norms)
+    reverted, _ = gn_module.revert_groupnorm(converted)
+    plain = [m for m in reverted.modules() if isinstance(m, nn.GroupNorm)]
+    assert all(type(m) is nn.GroupNorm and "autocast_output" not in vars(m) for m in plain)
+    default, _ = gn_module.convert_groupnorm(nn.Sequential(nn.GroupNorm(4, 8)), in_place=in_place)
+    assert default[0].autocast_output == "float32"
+    with pytest.raises(ValueError, match=r"convert_groupnorm\(\): autocast_output must be one of"):
+        gn_module.convert_groupnorm(model, autocast_output="bfloat16")  # type: ignore[arg-type]

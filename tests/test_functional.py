@@ -96,3 +96,41 @@ def test_module_without_bias_like_torchs():
     assert ours.bias is None and ours.state_dict().keys() == theirs.state_dict().keys()
     x = torch.randn(2, 16, 3, 3)
     torch.testing.assert_close(ours(x), theirs(x))
+
+
+# ---------------------------------------------------------------- autocast (issue 14)
+def test_under_cuda_autocast_the_output_is_float32_like_torchs(monkeypatch):
+    """CUDA autocast runs torch's group_norm in float32: so do we by default. (On the CPU the check
+    is pointed at these CPU tensors; torch's CPU autocast itself keeps bfloat16, and so do we there.)"""
+    from gn_module import functional
+
+    x = torch.randn(2, 8, 4, 4).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(8), torch.randn(8)
+    assert gn_module.group_norm(x, 4, w, b).dtype == torch.bfloat16  # no autocast: the input's dtype
+    monkeypatch.setattr(functional, "_under_cuda_autocast", lambda t: True)
+    y = gn_module.group_norm(x, 4, w, b.bfloat16(), act="silu")  # autocast casts the bias too
+    assert y.dtype == torch.float32 and y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y, F.silu(F.group_norm(x.float(), 4, w, b.bfloat16().float())))
+    kept = gn_module.group_norm(x, 4, w, b, act="silu", autocast_output="input")
+    assert kept.dtype == torch.bfloat16
+    x64 = torch.randn(2, 8, 3, dtype=torch.float64)  # float64 is not cast, as autocast leaves it
+    assert gn_module.group_norm(x64, 4).dtype == torch.float64
+    module = gn_module.GroupNorm(4, 8)
+    assert module(x).dtype == torch.float32
+    module.autocast_output = "input"
+    assert module(x).dtype == torch.bfloat16
+
+
+def test_autocast_output_is_checked_and_shown():
+    x = torch.randn(2, 8, 3)
+    with pytest.raises(
+        ValueError, match=r"autocast_output must be one of \('float32', 'input'\), got 'bf16'"
+    ):
+        gn_module.group_norm(x, 4, autocast_output="bf16")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="GroupNorm: autocast_output must be one of"):
+        gn_module.GroupNorm(4, 8, autocast_output=None)  # type: ignore[arg-type]
+    default, kept = gn_module.GroupNorm(4, 8), gn_module.GroupNorm(4, 8, act="silu", autocast_output="input")
+    assert default.autocast_output == "float32" and "autocast_output" not in vars(default)
+    assert "autocast_output" not in repr(default) and "act=" not in repr(default)
+    assert repr(kept).endswith("act='silu', autocast_output='input')")
+    assert set(kept.state_dict()) == {"weight", "bias"}

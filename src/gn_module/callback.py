@@ -13,7 +13,7 @@ from torch import nn
 from typing_extensions import override
 
 from gn_module.convert import ConversionReport, Patterns, check_options, convert_groupnorm, revert_groupnorm
-from gn_module.functional import fast_path_reason
+from gn_module.functional import AutocastOutput, fast_path_reason
 from gn_module.module import GroupNorm
 
 StrategyKind = Literal["replicated", "fsdp", "fsdp2", "deepspeed"]
@@ -101,7 +101,9 @@ class GNSwapCallback(Callback):
             (``trainer.strategy.root_device``) is not CUDA: there torch's GroupNorm runs anyway, and on
             CPU torch's GroupNorm backward crashes on some channels_last inputs (one that needs no
             gradient, after a frozen conv, with a weight that does).
-        fuse_silu, include, exclude, min_channels, fuse_calls: passed to `gn_module.convert_groupnorm`.
+        fuse_silu, include, exclude, min_channels, fuse_calls, autocast_output: passed to
+            `gn_module.convert_groupnorm` (autocast_output="input": bf16/fp16 output under autocast,
+            where torch's GroupNorm returns float32).
             ``fuse_calls=True`` (opt-in) also fuses GroupNorm -> SiLU called in sequence inside a
             module's ``forward`` (diffusers' ResNet blocks), by tracing those forwards with torch.fx.
         restore_on_teardown: put the original layers (and memory format) back when the stage ends.
@@ -128,6 +130,7 @@ class GNSwapCallback(Callback):
         exclude: Patterns = None,
         min_channels: int = 0,
         fuse_calls: bool = False,
+        autocast_output: AutocastOutput = "float32",
         restore_on_teardown: bool = False,
         log_hyperparams: bool = True,
     ) -> None:
@@ -153,6 +156,7 @@ class GNSwapCallback(Callback):
             owner="GNSwapCallback()",
             fuse_silu=fuse_silu,
             fuse_calls=fuse_calls,
+            autocast_output=autocast_output,
         )
         self.channels_last = channels_last
         self.convert_kwargs: dict[str, Any] = {
@@ -161,6 +165,7 @@ class GNSwapCallback(Callback):
             "exclude": exclude,
             "min_channels": min_channels,
             "fuse_calls": fuse_calls,
+            "autocast_output": autocast_output,
         }
         self.restore_on_teardown = restore_on_teardown
         self.log_hyperparams = log_hyperparams

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from gn_module.functional import AUTOCAST_OUTPUTS, AutocastOutput
 from gn_module.module import GroupNorm
 
 # Subclasses that override forward but compute exactly F.group_norm (by qualified class name, so
@@ -112,6 +113,7 @@ def convert_groupnorm(
     min_channels: int = 0,
     in_place: bool = False,
     fuse_calls: bool = False,
+    autocast_output: AutocastOutput = "float32",
 ) -> tuple[nn.Module, ConversionReport]:
     """Replace GroupNorm layers in ``module`` by `gn_module.GroupNorm`, in place where possible.
 
@@ -134,13 +136,23 @@ def convert_groupnorm(
     with a default, extra ``*args``/``**kwargs``) run the original ``forward`` unfused. Modules whose
     forward cannot be traced (data-dependent control flow...) are left alone and listed in
     ``skipped``; `revert_groupnorm` restores the original ``forward``.
+
+    ``autocast_output`` goes to every swapped layer: "float32" returns what torch's GroupNorm returns
+    under CUDA autocast (float32), "input" the input's dtype (faster; see `gn_module.group_norm`).
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"convert_groupnorm(): expected an nn.Module, got {type(module).__name__}")
     include, exclude = check_options(
-        include, exclude, min_channels, fuse_silu=fuse_silu, fuse_calls=fuse_calls
+        include,
+        exclude,
+        min_channels,
+        fuse_silu=fuse_silu,
+        fuse_calls=fuse_calls,
+        autocast_output=autocast_output,
     )
-    walker = _Converter(module, fuse_silu, include, exclude, min_channels, in_place, fuse_calls)
+    walker = _Converter(
+        module, fuse_silu, include, exclude, min_channels, in_place, fuse_calls, autocast_output
+    )
     return walker.visit(module, ""), walker.report
 
 
@@ -221,6 +233,7 @@ def check_options(
     owner: str = "convert_groupnorm()",
     fuse_silu: bool = True,
     fuse_calls: bool = False,
+    autocast_output: object = "float32",
 ) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
     """Validate convert_groupnorm's options; returns include/exclude as tuples (or None).
     ``owner`` starts the error messages (the callback passes its own name)."""
@@ -232,6 +245,10 @@ def check_options(
         )
     if fuse_calls and not fuse_silu:
         raise ValueError(f"{owner}: fuse_calls=True fuses SiLU, which fuse_silu=False forbids")
+    if not isinstance(autocast_output, str) or autocast_output not in AUTOCAST_OUTPUTS:
+        raise ValueError(
+            f"{owner}: autocast_output must be one of {AUTOCAST_OUTPUTS}, got {autocast_output!r}"
+        )
     return _patterns(include, "include", owner), _patterns(exclude, "exclude", owner)
 
 
@@ -336,8 +353,10 @@ class _Converter(_Walker):
         min_channels: int,
         in_place: bool = False,
         fuse_calls: bool = False,
+        autocast_output: AutocastOutput = "float32",
     ) -> None:
         super().__init__(root)
+        self.autocast_output = autocast_output
         self.fuse_silu, self.min_channels, self.in_place = fuse_silu, min_channels, in_place
         self.include, self.exclude, self.fuse_calls = include, exclude, fuse_calls
 
@@ -369,10 +388,12 @@ class _Converter(_Walker):
         if self.in_place:
             module.__class__ = GroupNorm  # same attributes plus `act`; nothing else to build
             module.act = act
+            if self.autocast_output != GroupNorm.autocast_output:
+                module.autocast_output = self.autocast_output
             object.__setattr__(module, _IN_PLACE, True)
             self.report.swapped.append(name)
             return module
-        new = _make_groupnorm(module, GroupNorm, act=act)
+        new = _make_groupnorm(module, GroupNorm, act=act, autocast_output=self.autocast_output)
         object.__setattr__(new, _ORIGINAL, module)
         self.counts[id(new)] = self.counts[id(module)]
         self.report.swapped.append(name)
@@ -443,6 +464,7 @@ class _Reverter(_Walker):
                 return module
             module.__class__ = nn.GroupNorm
             del module.act
+            module.__dict__.pop("autocast_output", None)
             object.__delattr__(module, _IN_PLACE)
             self.report.swapped.append(name)
             return module

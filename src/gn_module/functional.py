@@ -15,6 +15,10 @@ ACTS = (None, "silu")
 FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 Passes = Literal["auto", 1, 2]
+#: What a CUDA GroupNorm returns under autocast: float32, as torch's (autocast runs group_norm in
+#: float32), or the input's dtype (opt-in: half the output bytes and no float32 copy of the input).
+AutocastOutput = Literal["float32", "input"]
+AUTOCAST_OUTPUTS = ("float32", "input")
 
 
 class GroupNormError(ValueError, RuntimeError):
@@ -294,6 +298,23 @@ def _fast_route(
     return act_code, passes_code
 
 
+def _under_cuda_autocast(x: object) -> bool:
+    """Whether CUDA autocast would run group_norm on `x` in float32 (a CUDA tensor, autocast on)."""
+    return type(x) is torch.Tensor and x.is_cuda and torch.is_autocast_enabled("cuda")
+
+
+def _autocast_float32(x: torch.Tensor, weight: object, bias: object) -> tuple[torch.Tensor, object, object]:
+    """What CUDA autocast does to group_norm's arguments: every floating tensor but float64 cast to
+    float32 (autocast casts CUDA tensors; a weight elsewhere fails torch's device check either way)."""
+
+    def cast(t: object) -> object:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+            return t.float()
+        return t
+
+    return cast(x), cast(weight), cast(bias)  # type: ignore[return-value]
+
+
 def _import_ops() -> ModuleType:
     global _ops
     from gn_module import ops
@@ -311,6 +332,7 @@ def group_norm(
     act: str | None = None,
     *,
     passes: Passes = "auto",
+    autocast_output: AutocastOutput = "float32",
 ) -> torch.Tensor:
     """GroupNorm over ``x`` of shape (N, C, *spatial), optionally followed by SiLU.
 
@@ -325,7 +347,19 @@ def group_norm(
     exceeds -eps) or a 0-d tensor. Inputs torch rejects raise an exception of torch's type: see
     `GroupNormError`, `GroupNormTypeError` and `GroupNormDtypeError`, which also subclass the
     ValueError/TypeError raised before.
+
+    Under CUDA autocast it returns what torch's GroupNorm returns: float32, computed from the inputs
+    cast to float32 (autocast lists group_norm among its float32 ops). ``autocast_output="input"``
+    keeps the input's dtype instead (the kernels still accumulate in float32): faster and lighter,
+    but the rest of the model then sees bfloat16/float16 where torch would give it float32.
     """
+    if autocast_output != "float32":
+        if autocast_output != "input":
+            raise ValueError(
+                f"group_norm(): autocast_output must be one of {AUTOCAST_OUTPUTS}, got {autocast_output!r}"
+            )
+    elif _under_cuda_autocast(x):
+        x, weight, bias = _autocast_float32(x, weight, bias)
     codes = _fast_route(x, num_groups, weight, bias, eps, act, passes)
     if codes is not None:
         return (_ops or _import_ops()).group_norm_eager(x, num_groups, weight, bias, eps, *codes)  # type: ignore[arg-type]

@@ -5,15 +5,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gn_module.functional import ACTS, group_norm
+from gn_module.functional import ACTS, AUTOCAST_OUTPUTS, AutocastOutput, group_norm
 
 
 class GroupNorm(nn.GroupNorm):
     """`torch.nn.GroupNorm` with the same parameters, init and state_dict keys, plus ``act``.
 
     ``act="silu"`` returns ``silu(group_norm(x))`` in one kernel. Subclassing `nn.GroupNorm`
-    keeps ``isinstance`` checks, optimizers and checkpoints working unchanged.
+    keeps ``isinstance`` checks, optimizers and checkpoints working unchanged. Under CUDA autocast
+    the output is float32, as torch's; ``autocast_output="input"`` keeps the input's dtype (see
+    `gn_module.group_norm`).
     """
+
+    #: a class default, so modules converted in place (class changed) and old pickles have it
+    autocast_output: AutocastOutput = "float32"
 
     def __init__(
         self,
@@ -26,9 +31,14 @@ class GroupNorm(nn.GroupNorm):
         dtype: torch.dtype | None = None,
         *,
         bias: bool = True,
+        autocast_output: AutocastOutput = "float32",
     ) -> None:
         if act not in ACTS:
             raise ValueError(f"GroupNorm: unsupported act {act!r}; expected one of {ACTS}")
+        if autocast_output not in AUTOCAST_OUTPUTS:
+            raise ValueError(
+                f"GroupNorm: autocast_output must be one of {AUTOCAST_OUTPUTS}, got {autocast_output!r}"
+            )
         # `bias=` is newer than our torch floor (2.11): pass it only when it changes something.
         extra = {} if bias else {"bias": False}
         try:
@@ -41,10 +51,24 @@ class GroupNorm(nn.GroupNorm):
                 raise TypeError(msg) from None
             raise
         self.act = act
+        if autocast_output != "float32":
+            self.autocast_output = autocast_output
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return group_norm(input, self.num_groups, self.weight, self.bias, self.eps, self.act)
+        return group_norm(
+            input,
+            self.num_groups,
+            self.weight,
+            self.bias,
+            self.eps,
+            self.act,
+            autocast_output=self.autocast_output,
+        )
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
-        return text if self.act is None else f"{text}, act={self.act!r}"
+        if self.act is not None:
+            text += f", act={self.act!r}"
+        if self.autocast_output != "float32":
+            text += f", autocast_output={self.autocast_output!r}"
+        return text

@@ -122,6 +122,54 @@ def test_outputs_and_grads_match_unconverted(param_dtype, autocast):
     assert not bad, f"relative errors above {tol}: {bad}"
 
 
+def groupnorm_output_dtypes(model: nn.Module) -> list[torch.dtype]:
+    dtypes: list[torch.dtype] = []
+    for m in model.modules():
+        if isinstance(m, nn.GroupNorm):
+            m.register_forward_hook(lambda _m, _args, out: dtypes.append(out.dtype))
+    return dtypes
+
+
+@pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_under_autocast_groupnorm_returns_what_torch_returns(autocast):
+    """Issue 14: CUDA autocast runs torch's group_norm in float32; ours returns float32 too, unless
+    autocast_output="input" asks for the input's dtype."""
+    ref, model = pair()
+    kept, _ = convert_groupnorm(copy.deepcopy(ref), autocast_output="input")
+    x = torch.randn(2, 3, 16, 16, device="cuda").contiguous(memory_format=torch.channels_last)
+    seen = {name: groupnorm_output_dtypes(m) for name, m in (("torch", ref), ("ours", model), ("kept", kept))}
+    for m in (ref, model, kept):
+        forward_backward(m, x, autocast)
+    assert seen["torch"] == seen["ours"] == [torch.float32] * 3
+    assert seen["kept"] == [autocast] * 3
+
+
+def test_resnet50_gn_bf16_gradients_match_unswapped():
+    """Issue 14: with bf16 output under autocast, torchvision's resnet50 with GroupNorm(32) had a
+    GroupNorm gradient at cosine 0.76 to the unswapped model's; with torch's float32 output the
+    gradients agree as in fp32 up to the convolutions' bf16 rounding."""
+    models = pytest.importorskip("torchvision.models")
+    torch.manual_seed(0)
+    ref = (
+        models.resnet50(norm_layer=lambda c: nn.GroupNorm(32, c)).cuda().to(memory_format=torch.channels_last)
+    )
+    model, report = convert_groupnorm(copy.deepcopy(ref))
+    assert len(report.swapped) == 53
+    x = torch.randn(4, 3, 128, 128, device="cuda").contiguous(memory_format=torch.channels_last)
+    _, _, g_ref = forward_backward(ref, x, torch.bfloat16)
+    _, _, g = forward_backward(model, x, torch.bfloat16)
+    cos = {n: torch.nn.functional.cosine_similarity(g[n].flatten().float(), g_ref[n].flatten().float(), dim=0)
+           for n in g_ref}  # fmt: skip
+    norm_params = [n for n, mod in ref.named_modules() if isinstance(mod, nn.GroupNorm)]
+    gn_cos = {n: v.item() for n, v in cos.items() if n.rsplit(".", 1)[0] in norm_params}
+    assert len(gn_cos) == 106
+    worst = min(gn_cos, key=gn_cos.get)
+    assert gn_cos[worst] >= 0.99, f"worst GroupNorm gradient cosine {gn_cos[worst]:.4f} ({worst})"
+    flat = torch.cat([g[n].flatten().float() for n in g_ref])
+    flat_ref = torch.cat([g_ref[n].flatten().float() for n in g_ref])
+    assert torch.nn.functional.cosine_similarity(flat, flat_ref, dim=0).item() >= 0.999
+
+
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "autocast-bf16"])
 def test_compile_fullgraph_matches_eager(autocast):
     _, model = pair()
