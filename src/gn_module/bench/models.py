@@ -264,6 +264,7 @@ class Settings:
     profile_gn: int = DEFAULTS["profile_gn"]  # profiled steps of the baseline per eager row; 0: off
     tiny: bool = False
     fuse_calls: bool = False
+    autocast_output: str = "float32"  # convert_groupnorm's: "input" keeps bf16 under autocast
     batch: int | None = None  # None: each model's own
     compile_backend: str = "inductor"
     compile_mode: str | None = None
@@ -349,7 +350,9 @@ def _build(
     model = spec.build(settings.tiny)
     model.train()
     if m.config == SWAPPED:
-        model, report = convert_groupnorm(model, fuse_calls=settings.fuse_calls)
+        model, report = convert_groupnorm(
+            model, fuse_calls=settings.fuse_calls, autocast_output=settings.autocast_output
+        )
         m.conversion, m.rewritten = report.summary(), len(report.rewritten)
     fmt = torch.contiguous_format if m.config == "contiguous" else torch.channels_last
     model = model.to(device).to(memory_format=fmt)
@@ -797,6 +800,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: torch's default)")
     p.add_argument("--fuse-calls", action="store_true", help="convert_groupnorm(fuse_calls=True)")
+    p.add_argument(
+        "--autocast-output",
+        choices=("float32", "input"),
+        default="float32",
+        help="convert_groupnorm(autocast_output=...): float32 (default, as torch's GroupNorm under "
+        "autocast) or input (bf16 output in the bf16 rows: faster, not torch's dtype)",
+    )
     p.add_argument("--batch", type=int, help="batch size for every model (default: each model's own)")
     p.add_argument(
         "--steps", type=int, help=f"timed steps (default {DEFAULTS['steps']}, tiny {TINY_DEFAULTS['steps']})"
@@ -850,6 +860,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         profile_gn=profile_steps,
         tiny=args.tiny,
         fuse_calls=args.fuse_calls,
+        autocast_output=args.autocast_output,
         batch=args.batch,
         compile_backend=args.compile_backend,
         compile_mode=args.compile_mode,
