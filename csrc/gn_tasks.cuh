@@ -359,16 +359,18 @@ __device__ __forceinline__ const float2* task_partials(const GnArgs& a, int64_t 
 // lane j of a group sums the tiles [j*P/L, (j+1)*P/L) in order, then the L lanes fold by xor.
 // `emit(gl, mean, rstd)` runs once per group of the window. Every caller (the one-pass members,
 // the two-pass stats launch) computes the same bits.
-// p[lo] + ... + p[hi - 1] in order, with a batch of loads in flight at once (one L2 round trip per
-// batch instead of one per eight). Not inlined: its registers then do not add to the kernels' hot
-// loops (ptxas sizes a kernel by its worst point).
-static __device__ __noinline__ float2 sum_partials(const float2* p, int lo, int hi) {
+// p[lo * stride] + ... + p[(hi - 1) * stride] in order, with a batch of loads in flight at once (one
+// L2 round trip per batch instead of one per eight). Not inlined: its registers then do not add to
+// the kernels' hot loops (ptxas sizes a kernel by its worst point).
+static __device__ __noinline__ float2 sum_partials(const float2* p, int lo, int hi, int stride = 1) {
   constexpr int kBatch = 16;  // (32 spilled on sm_100)
   float2 acc = make_float2(0.f, 0.f);
   for (int t0 = lo; t0 < hi; t0 += kBatch) {
     float2 v[kBatch];
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) v[i] = t0 + i < hi ? __ldcg(p + t0 + i) : make_float2(0.f, 0.f);
+    for (int i = 0; i < kBatch; ++i) {
+      v[i] = t0 + i < hi ? __ldcg(p + static_cast<int64_t>(t0 + i) * stride) : make_float2(0.f, 0.f);
+    }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       if (t0 + i < hi) {
@@ -762,13 +764,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
 // [j*P/L, (j+1)*P/L) in order, then the lanes fold by xor (a fixed order). Returns the total in lane 0.
 __device__ __forceinline__ float2 column_sum(const float2* p, int width, int rows, int col, int lanes, int j) {
   const int lo = j * rows / lanes, hi = (j + 1) * rows / lanes;
-  float2 acc = make_float2(0.f, 0.f);
-#pragma unroll 8
-  for (int t = lo; t < hi; ++t) {
-    const float2 v = __ldcg(p + static_cast<int64_t>(t) * width + col);
-    acc.x += v.x;
-    acc.y += v.y;
-  }
+  // rows in order, 16 loads in flight (the last member's combine is on the backward's critical path)
+  float2 acc = sum_partials(p + col, lo, hi, width);
   for (int o = lanes / 2; o > 0; o >>= 1) {
     acc.x += __shfl_xor_sync(kFull, acc.x, o);
     acc.y += __shfl_xor_sync(kFull, acc.y, o);
