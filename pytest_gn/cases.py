@@ -28,9 +28,11 @@ cases as before the kinds existed, every scope meets every kind, and over K scop
 meets every kind. ``rotate=False`` crosses every kind with every cell instead.
 
 Architectures (``archs``, from ``--gn-arch``): ``tiles`` is the above; ``tasks`` adds the task
-architecture's forward cases (`pytest_gn.tasks`: its own ratio, chunks per member over the slots a
-block keeps), with the same kinds, rotation and scopes, cells (ratio, dtype, act) of the forward only
-(the task kernels have no backward), and capped cells rotating over ``task_caps`` (1, 2, 3).
+architecture's cases, with the same kinds, rotation and scopes and capped cells rotating over
+``task_caps`` (1, 2, 3): forward cases (`pytest_gn.tasks`, ``GN_ARCH=tasks``: the ratio counts chunks
+per member over the slots a block keeps) and backward cases (`pytest_gn.tasks_bwd`,
+``GN_ARCH=tasks+bwd``: the ratio counts a task's tiles over its team's members), cells (direction,
+ratio, dtype, act) numbered forward first.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ FOREIGN_PARTIAL_CUT = FOREIGN_TILE_ROWS // 2 - 1
 VARIANTS = ("capped", "natural")
 MARKER_KWARGS = {"dtypes", "acts", "directions", "shapes", "channels", "groups", "ratios", "variants", "cap",
                  "geometries", "rotate", "over_2_31", "task_caps"}  # fmt: skip
-#: Forward kernel architectures the cases can validate (``--gn-arch``): gn_module's default tile
-#: kernels, and the task kernels (GN_ARCH=tasks, forward only).
+#: Kernel architectures the cases can validate (``--gn-arch``): the tile kernels, and the task kernels
+#: (forward cases under GN_ARCH=tasks, backward cases under GN_ARCH=tasks+bwd).
 ARCHS = ("tiles", "tasks")
 #: Caps the capped task cases rotate over (`pytest_gn.tasks`).
 DEFAULT_TASK_CAPS = (1, 2, 3)
@@ -113,7 +115,7 @@ class CaseSpec:
     profile: str | None = None  # emulated GPU profile (arch sweep)
     schedule: str = "onepass"
     geometry: str = "even"
-    arch: str = "tiles"  # "tasks": the task architecture's forward (GN_ARCH=tasks)
+    arch: str = "tiles"  # "tasks": the task architecture (`env_arch` says which GN_ARCH runs it)
 
     @property
     def id(self) -> str:
@@ -127,6 +129,12 @@ class CaseSpec:
         if self.geometry in ("partial", "batch"):
             parts.append(self.geometry)
         return "-".join(parts)
+
+    @property
+    def env_arch(self) -> str:
+        """The GN_ARCH value the case runs under: tiles, tasks (the task forward) or tasks+bwd (a task
+        case of the backward: the task forward, then the task backward)."""
+        return "tasks+bwd" if self.arch == "tasks" and self.direction == "bwd" else self.arch
 
     @property
     def big(self) -> bool:
@@ -152,8 +160,8 @@ class CaseSpec:
     def config(self) -> str:
         """Kernel configuration of the one-pass launch, named as `gn_module.resources` names it."""
         if self.arch == "tasks":
-            t = schedule.task_tiling(self.channels, self.groups, 1 << 30, self.itemsize, "fwd")
-            return task_config(self.torch_dtype, t.vec if t is not None else 1)
+            t = schedule.task_tiling(self.channels, self.groups, 1 << 30, self.itemsize, self.direction)
+            return task_config(self.torch_dtype, t.vec if t is not None else 1, self.direction)
         return onepass_config(self.direction, self.torch_dtype, self.tiling().vec)
 
     def labels(self) -> dict[str, Any]:
@@ -168,10 +176,16 @@ def onepass_config(direction: str, dtype: str, vec: int) -> str:
     return f"{direction}_onepass[{short},vec{vec}]"
 
 
-def task_config(dtype: str, vec: int) -> str:
-    """The task architecture's one-pass kernel configuration (``fwd_task_onepass[fp16,vec8]``)."""
+#: The task kernel whose registers and occupancy give a direction's residency: the forward's one-pass
+#: kernel, the backward's stats kernel (the backward has one schedule; its launcher asks that kernel).
+TASK_KERNELS = {"fwd": "fwd_task_onepass", "bwd": "bwd_task_stats"}
+
+
+def task_config(dtype: str, vec: int, direction: str = "fwd") -> str:
+    """The task architecture's kernel configuration of a direction (``fwd_task_onepass[fp16,vec8]``,
+    ``bwd_task_stats[fp16,vec8]``)."""
     short = {v: k for k, v in DTYPES.items()}[dtype]
-    return f"fwd_task_onepass[{short},vec{vec}]"
+    return f"{TASK_KERNELS[direction]}[{short},vec{vec}]"
 
 
 def _as_tuple(value: Any) -> tuple:
@@ -222,8 +236,8 @@ def specs_from_marker(
     over). `profiles` adds each emulated profile's cases (arch sweep); `profile_numbers` gives each
     profile's number for the rotation (default: its position). `default_shapes` replaces
     DEFAULT_SHAPES when the marker names no shapes (--gn-shapes). `archs` (--gn-arch): "tiles" for
-    the tile architecture's cases, "tasks" for the task architecture's forward cases (gn_module
-    only: none for a foreign implementation).
+    the tile architecture's cases, "tasks" for the task architecture's cases of each direction asked
+    (gn_module only: none for a foreign implementation).
     """
     unknown = set(kwargs) - MARKER_KWARGS
     if unknown:
@@ -281,27 +295,28 @@ def specs_from_marker(
     if not foreign:  # profile emulation (caps, PTX builds) applies to gn_module only
         scopes += [(p, "natural", 2 + numbers.get(p, i)) for i, p in enumerate(profiles)]
     specs = []
-    tiles, tasks = "tiles" in archs, "tasks" in archs and not foreign and "fwd" in directions
-    task_cells = list(product(ratios, dtypes, acts)) if tasks else []
+    tiles = "tiles" in archs
+    task_directions = [d for d in directions if "tasks" in archs and not foreign]
+    task_cells = list(product(task_directions, ratios, dtypes, acts))
     for profile, variant, number in scopes:
         for i, (direction, ratio, dtype, act) in enumerate(cells if tiles else []):
             chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
             for (c, g), geometry in chosen:
                 specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, cap, profile,
                                       geometry=geometry))  # fmt: skip
-        for i, (ratio, dtype, act) in enumerate(task_cells):
+        for i, (direction, ratio, dtype, act) in enumerate(task_cells):
             chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
             k = task_caps[i % len(task_caps)] if variant == "capped" else cap
             for (c, g), geometry in chosen:
-                specs.append(CaseSpec("fwd", ratio, dtype, act, c, g, variant, k, profile, geometry=geometry,
-                                      arch="tasks"))  # fmt: skip
+                specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, k, profile,
+                                      geometry=geometry, arch="tasks"))  # fmt: skip
     if big and "natural" in variants:
         dtype = "bf16" if "bf16" in dtypes else dtypes[0]  # the smallest dtype keeps it to seconds
         c, g = shapes[0]
         for direction in directions if tiles else ():
             specs.append(CaseSpec(direction, Ratio(1), dtype, acts[0], c, g, "natural", cap, geometry=BIG))
-        if tasks:
-            specs.append(CaseSpec("fwd", Ratio(1), dtype, acts[0], c, g, "natural", cap, geometry=BIG,
+        for direction in task_directions:
+            specs.append(CaseSpec(direction, Ratio(1), dtype, acts[0], c, g, "natural", cap, geometry=BIG,
                                   arch="tasks"))  # fmt: skip
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):
@@ -312,14 +327,17 @@ def specs_from_marker(
 @dataclass(frozen=True)
 class TaskRun:
     """What the task kernels launch with for a task case on the GPU at hand, and its claim: the
-    chunk slots per block and co-resident one-pass blocks there (under the case's build), and the
-    busiest member's chunks per task the ratio gives in the scope's `model_slots` (a profile's
-    slots for a profile case, else the same as `slots`)."""
+    chunk slots per block and co-resident blocks there (under the case's build; the one-pass forward's,
+    or the backward's stats kernel's), and the scope's plan: the busiest member's chunks per task over
+    the scope's `model_slots` (a profile's slots for a profile case, else the same as `slots`: the
+    forward's ratio), its team size and the busiest member's tiles per task (the backward's ratio)."""
 
     slots: int
     residency: int
     chunks: int
     model_slots: int
+    team: int = 0
+    member_tiles: int = 0
 
 
 @dataclass(frozen=True)
@@ -377,7 +395,8 @@ class GnCase:
             "build": self.variant or "native", "notes": list(self.notes),
         }  # fmt: skip
         if self.task is not None:
-            out.update(slots=self.task.model_slots, chunks=self.task.chunks,
+            out.update(slots=self.task.model_slots, chunks=self.task.chunks, team=self.task.team,
+                       member_tiles=self.task.member_tiles,
                        over=max(0, self.task.chunks - self.task.model_slots))  # fmt: skip
         return out
 
@@ -422,7 +441,8 @@ def memory_estimate(case: GnCase, foreign: bool = False) -> int:
     - check: the inputs and the checked outputs, plus the largest fp64 reference chunk.
 
     gn_module's workspace (from the schedule model: the tile plan's, or a task case's partials)
-    comes on top. A task case runs its forward three times but holds two outputs at once, as here.
+    comes on top. A task case runs three times (a backward one up to three) but holds two runs'
+    outputs at once, as here.
     """
     e, itemsize = case.numel, case.spec.itemsize
     fwd = case.direction == "fwd"
@@ -438,7 +458,7 @@ def memory_estimate(case: GnCase, foreign: bool = False) -> int:
     total = max(gen, run, check) + FIXED_BYTES
     if not foreign:
         n, c = case.shape[0], case.shape[1]
-        tt = schedule.task_tiling(c, case.num_groups, e // (n * c), itemsize, "fwd", batch=n)
+        tt = schedule.task_tiling(c, case.num_groups, e // (n * c), itemsize, case.direction, batch=n)
         if case.task is not None and tt is not None:
             total += 4 * sum(schedule.make_task_plan(tt, 2, 1, 1).workspace_floats.values())
         else:

@@ -29,21 +29,23 @@ def kernel_configs() -> list[tuple[str, str, schedule.Tiling]]:
 
 def task_kernel_configs() -> list[tuple[str, str, schedule.TaskTiling]]:
     """(config name, torch dtype name, task tiling) of every configuration of the task architecture's
-    one-pass kernel (fwd_task_onepass: vectors and the scalar path, each dtype)."""
+    kernel that gives each direction's residency (`pytest_gn.cases.TASK_KERNELS`: fwd_task_onepass,
+    bwd_task_stats; vectors and the scalar path, each dtype); the tiling's direction says which."""
     from pytest_gn.cases import task_config
 
     out = []
-    for dtype in DTYPE_NAMES:
-        for channels, groups in ((CONFIG_CHANNELS["vec"], 16), (CONFIG_CHANNELS["scalar"], 10)):
-            t = schedule.task_tiling(channels, groups, 1 << 30, schedule.ITEMSIZE[dtype], "fwd")
-            assert t is not None
-            out.append((task_config(dtype, t.vec), dtype, t))
+    for direction in schedule.DIRECTIONS:
+        for dtype in DTYPE_NAMES:
+            for channels, groups in ((CONFIG_CHANNELS["vec"], 16), (CONFIG_CHANNELS["scalar"], 10)):
+                t = schedule.task_tiling(channels, groups, 1 << 30, schedule.ITEMSIZE[dtype], direction)
+                assert t is not None
+                out.append((task_config(dtype, t.vec, direction), dtype, t))
     return out
 
 
 MAIN_CONFIGS = ("fwd_onepass[fp16,vec8]", "bwd_onepass[fp16,vec8]")
-#: The task architecture's configuration the sweep matrix shows (fp16, C=128).
-MAIN_TASK_CONFIG = "fwd_task_onepass[fp16,vec8]"
+#: The task architecture's configurations the sweep matrix shows (fp16, C=128): forward, backward.
+MAIN_TASK_CONFIGS = ("fwd_task_onepass[fp16,vec8]", "bwd_task_stats[fp16,vec8]")
 
 
 @dataclass

@@ -25,9 +25,10 @@ _SPECS = (
     ("--gn-seed", "gn_seed", "N", "base seed of generated inputs. Default: 0"),
     ("--gn-arch", "gn_arch", "tiles|tasks|both", "kernel architecture(s) of gn_module the overflow "
      "cases validate: tiles (the tile kernels, forward and backward; gn_module's default backward), tasks "
-     "(gn_module's default forward, GN_ARCH=tasks: forward cases, the ratio counting chunks per block over "
-     "the chunks it keeps in shared memory, capped cases at caps 1, 2, 3), or both. With --gn-arch-sweep "
-     "the profiles get task cases too. Not for --gn-impl (there: tiles). Default: both"),
+     "(the task kernels: forward cases under GN_ARCH=tasks, gn_module's default forward, the ratio counting "
+     "chunks per block over the chunks it keeps in shared memory; backward cases under GN_ARCH=tasks+bwd, "
+     "the ratio counting a task's tiles over its team's members; capped cases at caps 1, 2, 3), or both. "
+     "With --gn-arch-sweep the profiles get task cases too. Not for --gn-impl (there: tiles). Default: both"),
 )  # fmt: skip
 
 #: --gn-arch values and the architectures each selects.

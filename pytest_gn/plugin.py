@@ -32,9 +32,10 @@ MARKERS = (
     "+ k ('x2p1' = 2R+1). rotate: each (direction, ratio, dtype, act) cell runs once per scope with one "
     "(shape, geometry) kind, rotated over cells and scopes; rotate=False crosses every kind with every "
     "cell. over_2_31: one more case per direction over 2**31 elements (this GPU only). With --gn-arch "
-    "tasks or both, also the task kernels' forward cases (ids 'fwd-tasks-...'): the busiest block of a "
-    "task reduces m x slots + k chunks, slots being the chunks it keeps in shared memory; their capped "
-    "cases rotate over task_caps.",
+    "tasks or both, also the task kernels' cases: forward ('fwd-tasks-...', GN_ARCH=tasks), the busiest "
+    "block of a task reducing m x slots + k chunks, slots being the chunks it keeps in shared memory; "
+    "backward ('bwd-tasks-...', GN_ARCH=tasks+bwd), each task having m x team size + k tiles; their "
+    "capped cases rotate over task_caps.",
     "gn_cuda: the test needs a usable CUDA device; skipped with the reason when there is none.",
 )
 
@@ -331,9 +332,10 @@ def gn_case(request: pytest.FixtureRequest) -> Iterator[GnCase]:
     ``shape`` (N, C, H, W; use channels_last), ``num_groups``, ``dtype``, ``act``,
     ``direction``, ``tiles``, ``residency``, ``expected_grid``, ``overflow_tiles`` (a task
     architecture case, ``--gn-arch tasks``, also ``task``: the slots and residency its launch
-    holds and the busiest member's chunks). While the test runs, the case's residency cap (and, in
-    the arch sweep, the PTX build of the profile's arch) is in force, and for gn_module's own cases
-    its architecture (GN_ARCH=tasks for a task case, tiles otherwise). Skips when the case does not
+    holds, the busiest member's chunks and tiles and its team's size). While the test runs, the
+    case's residency cap (and, in the arch sweep, the PTX build of the profile's arch) is in force,
+    and for gn_module's own cases its architecture (GN_ARCH=tasks for a forward task case, tasks+bwd
+    for a backward one, tiles otherwise). Skips when the case does not
     fit in the device's free memory (``bytes_needed()``), when its geometry has no shape, or when
     the implementation's description says the shape is not supported."""
     spec = getattr(request, "param", None)

@@ -55,8 +55,9 @@ def header_lines(
     lines = [f"gn: impl {impl}, seed {seed}" + (f", one-pass residency capped at {cap}" if cap else "")]
     if archs != ("tiles",):
         flag = "both" if len(archs) > 1 else archs[0]
-        also = " and the tile kernels' cases" if "tiles" in archs else "; no tile kernel cases"
-        lines.append(f"gn: --gn-arch={flag}: task kernel forward cases (GN_ARCH=tasks){also}")
+        also = ", and the tile kernels' cases" if "tiles" in archs else "; no tile kernel cases"
+        lines.append(f"gn: --gn-arch={flag}: task kernel cases, forward (GN_ARCH=tasks) and backward "
+                     f"(GN_ARCH=tasks+bwd){also}")  # fmt: skip
     if shapes:
         lines.append("gn: overflow shapes (C:G) " + ",".join(f"{c}:{g}" for c, g in shapes))
     if device is None:
@@ -102,10 +103,11 @@ def scope_lines(tally: Tally) -> list[str]:
         parts = ", ".join(
             f"{families[k]} {k}" for k in ("natural", "capped", "over 2**31 elements") if families[k]
         )
-        tasks = sum(1 for i in tally.outcomes if not tally.cases[i].get("profile")
-                    and tally.cases[i].get("arch") == "tasks")  # fmt: skip
+        mine = [tally.cases[i] for i in tally.outcomes if not tally.cases[i].get("profile")]
+        tasks = Counter(s.get("direction") for s in mine if s.get("arch") == "tasks")
         if tasks:
-            parts += f"; {tasks} of them task kernel cases"
+            parts += (f"; {sum(tasks.values())} of them task kernel cases ({tasks['fwd']} forward, "
+                      f"{tasks['bwd']} backward)")  # fmt: skip
         lines.append(f"  {LOCAL}: {sum(local.values())} ({parts}): {_outcomes(local)}")
     prof = tally.counts(lambda s: bool(s.get("profile")))
     if prof:
@@ -117,19 +119,31 @@ def scope_lines(tally: Tally) -> list[str]:
 
 
 def task_lines(tally: Tally) -> list[str]:
-    """The task architecture's cases: how many ran, how many re-read chunks, the heaviest."""
+    """The task architecture's cases that ran, per direction: how many re-read chunks (forward) or gave
+    a member several tiles of a task (backward), and the heaviest."""
     ran = [
         case
         for case in (tally.cases[i] for i, o in tally.outcomes.items() if o in ("passed", "failed"))
         if case.get("arch") == "tasks" and "chunks" in case
     ]
-    if not ran:
-        return []
-    worst = max(ran, key=lambda s: s["chunks"] / max(1, s["slots"]))
-    over = sum(1 for s in ran if s["over"] > 0)
-    return [f"task cases (GN_ARCH=tasks): {len(ran)} run, {over} with members over their slots (chunks read "
-            f"twice); heaviest: {worst['id']}: busiest member {worst['chunks']} chunks per task over "
-            f"{worst['slots']} slots"]  # fmt: skip
+    lines = []
+    fwd = [s for s in ran if s.get("direction") != "bwd"]
+    if fwd:
+        worst = max(fwd, key=lambda s: s["chunks"] / max(1, s["slots"]))
+        over = sum(1 for s in fwd if s["over"] > 0)
+        lines.append(f"task forward cases (GN_ARCH=tasks): {len(fwd)} run, {over} with members over their "
+                     f"slots (chunks read twice); heaviest: {worst['id']}: busiest member {worst['chunks']} "
+                     f"chunks per task over {worst['slots']} slots")  # fmt: skip
+    bwd = [s for s in ran if s.get("direction") == "bwd"]
+    if bwd:
+        worst = max(bwd, key=lambda s: (s.get("member_tiles", 0), s.get("team", 0)))
+        several = sum(1 for s in bwd if s.get("member_tiles", 0) > 1)
+        wraps = sum(1 for s in bwd if s["over"] > 0)
+        lines.append(f"task backward cases (GN_ARCH=tasks+bwd): {len(bwd)} run, {several} with members of "
+                     f"several tiles of a task, {wraps} wrapping their ring of slots; heaviest: "
+                     f"{worst['id']}: busiest member {worst.get('member_tiles')} tiles per task in a team of "
+                     f"{worst.get('team')}")  # fmt: skip
+    return lines
 
 
 def memory_lines(tally: Tally) -> list[str]:

@@ -69,24 +69,27 @@ def _resolve(spec: CaseSpec, state: Any, device: Any, config: pytest.Config | No
 
 
 def task_model_of_device(dtype: str, index: int, variant: str | None = None) -> Any:
-    """This GPU's (slots, residency) of the task kernels for a task tiling, as gn_module launches
-    them (`ops.task_plan`: slots from the device's shared memory, blocks from the occupancy API under
-    the build `variant`): a `pytest_gn.tasks.TaskModel`."""
+    """This GPU's (slots, residency) of the task kernels for a task tiling of either direction, as
+    gn_module launches them (`ops.task_plan`: slots from the device's shared memory, blocks from the
+    occupancy API under the build `variant`; the backward's under GN_ARCH=tasks+bwd, where it plans
+    them): a `pytest_gn.tasks.TaskModel`."""
     from gn_module import ops
+    from pytest_gn.runner import arch_env
 
     def model(t: Any) -> tuple[int, int]:
-        with ops.build_variant(variant):
-            p = ops.task_plan((t.batch, t.channels, t.rows), t.groups, dtype, "fwd", 2, index)
+        with ops.build_variant(variant), arch_env("tasks+bwd"):
+            p = ops.task_plan((t.batch, t.channels, t.rows), t.groups, dtype, t.direction, 2, index)
         return (0, 0) if p is None else (p.slots, p.residency)
 
     return model
 
 
 def _resolve_task(spec: CaseSpec, state: Any, device: Any) -> GnCase:
-    """A task case: this GPU's slots and residency (natural; capped at the case's cap), or a
-    profile's modelled ones with the grid capped at the profile's residency. ``--gn-max-resident``
-    lowers this GPU's cases' cap further."""
+    """A task case (forward or backward): this GPU's slots and residency (natural; capped at the case's
+    cap), or a profile's modelled ones with the grid capped at the profile's residency.
+    ``--gn-max-resident`` lowers this GPU's cases' cap further."""
     from pytest_gn.tasks import resolve_task
+    from pytest_gn.tasks_bwd import resolve_task_bwd
 
     dtype, index = spec.torch_dtype, device.index
     if spec.profile is not None:
@@ -98,4 +101,5 @@ def _resolve_task(spec: CaseSpec, state: Any, device: Any) -> GnCase:
     cap = state.opts.max_resident
     if spec.variant == "capped":
         cap = spec.cap if cap is None else min(cap, spec.cap)
-    return resolve_task(spec, task_model_of_device(dtype, index), cap=cap)
+    resolve_ = resolve_task_bwd if spec.direction == "bwd" else resolve_task
+    return resolve_(spec, task_model_of_device(dtype, index), cap=cap)

@@ -4,11 +4,13 @@
 (y), a ``bwd`` case runs forward and backward and checks the gradients (dx, dweight, dbias), so
 a forward that fails and a backward that is right show up as such. For gn_module it also reads
 back the launch (grid and tiles visited must match the schedule model) and checks that the
-one-pass results are bitwise equal to the two-pass ones. A task architecture case (``fwd-tasks-...``,
-GN_ARCH=tasks in force) runs the forward three times with outputs and workspace poisoned: one-pass
-under the case's cap, one-pass under another cap and two-pass; all must be bitwise equal, the first
-must match the fp64 reference, and each launch record must show the model's plan: its grid, every tile
-reduced and applied, and the chunks it re-reads. A foreign implementation runs in
+one-pass results are bitwise equal to the two-pass ones. A task architecture case runs several times
+with outputs and workspace poisoned, each run's launch record showing the model's plan (its grid, every
+tile reduced and applied, the chunks it re-reads), every run bitwise equal to the first, which must
+match the fp64 reference: a forward case (``fwd-tasks-...``, GN_ARCH=tasks) one-pass under the case's
+cap, one-pass under another cap and two-pass; a backward case (``bwd-tasks-...``, GN_ARCH=tasks+bwd:
+one schedule) forward and backward under the case's cap, then under caps 1 and 2 where they are below
+it (a run can only lower the cap the case is under). A foreign implementation runs in
 `python -m pytest_gn.child` so that an abort (a device assert, a segfault) becomes a failed case
 carrying its stderr and the phase it died in; a NotImplementedError it raises is its documented
 "not supported" signal and skips the case with its message.
@@ -102,13 +104,13 @@ def arch_env(arch: str) -> Iterator[None]:
 @contextlib.contextmanager
 def case_context(case: GnCase, own: bool = True) -> Iterator[None]:
     """Apply the case's residency cap and build variant and, for gn_module's own cases (`own`), its
-    forward architecture: GN_ARCH=tasks for a task case, tiles otherwise (whatever the environment
-    says, so a tile case never runs the task kernels)."""
+    architecture (`CaseSpec.env_arch`): GN_ARCH=tasks for a forward task case, tasks+bwd for a backward
+    one, tiles otherwise (whatever the environment says, so a tile case never runs the task kernels)."""
     if not own:
         yield
         return
     with contextlib.ExitStack() as stack:
-        stack.enter_context(arch_env(case.spec.arch))
+        stack.enter_context(arch_env(case.spec.env_arch))
         if case.cap is None and case.variant is None:
             yield
             return
@@ -174,7 +176,7 @@ def check_case(
     dtype = getattr(torch, case.dtype)
     inp = ref.make_inputs(case.shape, dtype, device, ref.case_seed(seed, case.id), case.direction == "bwd")
     if ours and case.task is not None:
-        got = {"y": _check_task_runs(case, inp, result, enter, device)}
+        got = _check_task_runs(case, inp, result, enter, device)
     elif ours:
         import gn_module
         from gn_module import ops
@@ -219,18 +221,30 @@ def other_task_cap(case: GnCase) -> int:
     return 2 if case.cap == 1 else 1
 
 
-def _check_task_runs(case: GnCase, inp: dict, result: CaseResult, enter: Phase, device: Any) -> Any:
-    """The task case's forward runs (module docstring); problems go to `result`; returns the first y."""
-    import torch
+#: Caps a backward task case runs under after its own, where below the cap in force: one block (one
+#: member with every tile of every task), then two.
+BWD_OTHER_CAPS = (1, 2)
 
+
+def task_runs(case: GnCase, cap: int | None) -> list[tuple[str, int, int | None]]:
+    """(label, passes, cap entered or None) of a task case's runs under `cap`, the cap in force (module
+    docstring). The backward has one schedule; its runs take passes=2 (the two-pass task forward)."""
+    if case.direction == "fwd":
+        other = other_task_cap(case)
+        return [("one-pass", 1, None), (f"one-pass cap {other}", 1, other), ("two-pass", 2, None)]
+    first = "natural" if cap is None else f"cap {cap}"
+    return [(first, 2, None)] + [(f"cap {k}", 2, k) for k in BWD_OTHER_CAPS if cap is None or k < cap]
+
+
+def _check_task_runs(case: GnCase, inp: dict, result: CaseResult, enter: Phase, device: Any) -> dict:
+    """The task case's runs (module docstring); problems go to `result`; returns the first run's outputs."""
     import gn_module
     from gn_module import ops
     from pytest_gn import tasks
 
-    runs = [("one-pass", 1, None), (f"one-pass cap {other_task_cap(case)}", 1, other_task_cap(case)),
-            ("two-pass", 2, None)]  # fmt: skip
-    base = None
+    base: dict | None = None
     with case_context(case):
+        runs = task_runs(case, ops.current_cap())
         for i, (label, passes, extra) in enumerate(runs):
             with contextlib.ExitStack() as stack:
                 if extra is not None:
@@ -238,38 +252,56 @@ def _check_task_runs(case: GnCase, inp: dict, result: CaseResult, enter: Phase, 
                 cap = ops.current_cap()
                 stack.enter_context(ops.poison_outputs())
                 record = stack.enter_context(ops.launch_record())
-                y = _call(gn_module.group_norm, case, inp, enter if i == 0 else lambda _n: None, False,
-                          passes=passes)["y"]  # fmt: skip
+                out = _call(gn_module.group_norm, case, inp, enter if i == 0 else lambda _n: None, False,
+                            passes=passes)  # fmt: skip
                 if i == 0 and case.variant is not None:
                     result.runtime_arch = ops.runtime_cuda_arch(device)
             plan = tasks.expected_plan(case, passes, cap)
-            rec = record.get("fwd")
+            rec = record.get(case.direction)
             result.problems += tasks.record_problems(rec, plan, label)
             if base is None:
-                base = y
-                result.record = {"fwd": {k: v for k, v in (rec or {}).items() if k != "plan"}}
+                base = out
+                result.record = {case.direction: {k: v for k, v in (rec or {}).items() if k != "plan"}}
                 result.problems += _task_claim_problems(case, plan)
-            elif not torch.equal(base, y):
-                diff = (base.double() - y.double()).abs().max().item()
-                result.problems.append(f"y: {label} differs from the first one-pass run (max |diff| "
-                                       f"{diff:.3g}); results must be bitwise identical across caps and "
-                                       "schedules")  # fmt: skip
-            del y
+                continue
+            first = runs[0][0]
+            result.problems += _bitwise_problems(base, out, f"{label} differs from the first {first} run")
+            del out
     result.problems += _launch_problems(case, result, record_checks=False)
+    assert base is not None
     return base
 
 
+def _bitwise_problems(base: dict, out: dict, what: str) -> list[str]:
+    """Each output of `out` that is not bitwise equal to `base`'s, as `what` (which run against which)."""
+    import torch
+
+    problems = []
+    for name, first in base.items():
+        if first is not None and out[name] is not None and not torch.equal(first, out[name]):
+            diff = (first.double() - out[name].double()).abs().max().item()
+            problems.append(f"{name}: {what} (max |diff| {diff:.3g}); results must be bitwise identical "
+                            "across caps and schedules")  # fmt: skip
+    return problems
+
+
 def _task_claim_problems(case: GnCase, plan: Any) -> list[str]:
-    """This GPU's case: the plan that ran gives the busiest member the count the case claims. (A
-    profile's count is its modelled plan's, which this GPU's slots or residency may not reproduce:
-    its notes say what was launched, and the record is checked against that.)"""
+    """This GPU's case: the plan that ran gives the busiest member the chunks (forward) and the team the
+    size and tiles (backward) the case claims. (A profile's counts are its modelled plan's, which this
+    GPU's slots or residency may not reproduce: its notes say what was launched, and the record is
+    checked against that.)"""
+    from pytest_gn.tasks import member_tiles
+
     task = case.task
     if task is None or case.spec.profile is not None or case.spec.big:
         return []
-    if plan.teams is None or plan.teams.chunks_per_member != task.chunks:
-        got = plan.teams.chunks_per_member if plan.teams is not None else None
-        return [f"the plan that ran gives its busiest member {got} chunks per task, the case claims "
-                f"{task.chunks} ({case.spec.ratio.label} of {task.slots} slots)"]  # fmt: skip
+    if plan.teams is None:
+        return ["the plan that ran has no teams"]
+    got = (plan.teams.chunks_per_member, plan.teams.team_size, member_tiles(plan))
+    if got != (task.chunks, task.team, task.member_tiles):
+        return [f"the plan that ran gives its busiest member {got[0]} chunks per task in a team of {got[1]} "
+                f"({got[2]} tiles), the case claims {task.chunks} in a team of {task.team} "
+                f"({task.member_tiles} tiles; {case.spec.ratio.label})"]  # fmt: skip
     return []
 
 

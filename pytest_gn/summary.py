@@ -66,15 +66,16 @@ def sweep_lines(state: Any) -> list[str]:
         "arch sweep (f,b = one-pass forward, backward; fp16, C=128; residency = blocks on the whole GPU; "
         f"'{LOCAL}' = the natural, capped and over-2**31 cases of the GPU at hand"
         + (
-            "; tasks = the task kernels' one-pass forward: chunks a block keeps, blocks on the GPU"
+            "; tasks f,b = the task kernels, forward (one-pass) and backward (stats): chunks a block "
+            "keeps, blocks on the GPU"
             if "tasks" in state.opts.archs
             else ""
         )
         + "):"
     ]
     columns = list(MATRIX_COLUMNS)
-    if "tasks" in state.opts.archs:  # fwd_task_onepass, fp16, C=128: chunk slots per block, resident blocks
-        columns.insert(columns.index("cases"), "tasks slots,res")
+    if "tasks" in state.opts.archs:  # fp16, C=128: chunk slots per block, resident blocks (fwd, bwd)
+        columns.insert(columns.index("cases"), "tasks slots,res f,b")
     lines += table(rows, columns)
     total = state.tally.counts()
     lines.append(f"cases column total: {sum(total.values())} = the overflow cases collected")

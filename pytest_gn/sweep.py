@@ -3,7 +3,8 @@ and turn the profile's overflow cases into concrete ones for the GPU at hand.
 
 The task architecture's profile model (`schedule.task_model`): chunk slots from the profile's shared
 memory split between two blocks per SM (`schedule.task_smem_budget`), blocks per SM from those slots'
-shared memory and the registers ptxas gives ``fwd_task_onepass`` for the profile's arch, times its SMs.
+shared memory and the registers ptxas gives ``fwd_task_onepass`` (forward) or ``bwd_task_stats``
+(backward) for the profile's arch, times its SMs.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass, field
 from gn_module import resources, schedule
 from gn_module.schedule import DeviceLimits
 from pytest_gn.cases import CaseSpec, GnCase, Residency, resolve
-from pytest_gn.device import MAIN_CONFIGS, MAIN_TASK_CONFIG, GnDevice, kernel_configs, task_kernel_configs
+from pytest_gn.device import MAIN_CONFIGS, MAIN_TASK_CONFIGS, GnDevice, kernel_configs, task_kernel_configs
 from pytest_gn.tasks import TaskModel, resolve_task
+from pytest_gn.tasks_bwd import resolve_task_bwd
 
 
 @dataclass
@@ -27,8 +29,8 @@ class ProfileStatic:
     error: str | None = None
     blocks_per_sm: dict[str, int] = field(default_factory=dict)  # one-pass config -> blocks/SM
     residency: dict[str, int] = field(default_factory=dict)  # one-pass config -> blocks on the GPU
-    task_slots: dict[str, int] = field(default_factory=dict)  # fwd_task_onepass config -> chunk slots
-    task_residency: dict[str, int] = field(default_factory=dict)  # fwd_task_onepass config -> blocks
+    task_slots: dict[str, int] = field(default_factory=dict)  # task config (fwd, bwd) -> chunk slots
+    task_residency: dict[str, int] = field(default_factory=dict)  # task config (fwd, bwd) -> blocks
 
     def task_model(self, config: str) -> TaskModel:
         """The profile's (slots, residency) of the task architecture as a function of the tiling."""
@@ -114,8 +116,9 @@ class Sweep:
     def resolve_task_case(
         self, spec: CaseSpec, device: GnDevice | None, run_model: TaskModel | None
     ) -> GnCase:
-        """A profile's task case: shape from the profile's modelled slots and residency, grid capped at
-        that residency; `run_model` is what the GPU at hand launches with (its slots and residency)."""
+        """A profile's task case (forward or backward): shape from the profile's modelled slots and
+        residency, grid capped at that residency; `run_model` is what the GPU at hand launches with (its
+        slots and residency)."""
         if spec.profile is None or spec.arch != "tasks":
             raise ValueError(f"{spec.id} is not a profile's task case")
         st = self.static(spec.profile)
@@ -125,11 +128,13 @@ class Sweep:
         if device is not None and variant is None:
             notes = (f"arch code not exercised: {st.profile.arch} > device {device.arch}; "
                      "native build under the profile's residency cap",)  # fmt: skip
-        return resolve_task(spec, model, emulated=True, run_model=run_model, variant=variant, notes=notes)
+        resolve_ = resolve_task_bwd if spec.direction == "bwd" else resolve_task
+        return resolve_(spec, model, emulated=True, run_model=run_model, variant=variant, notes=notes)
 
 
 def main_numbers(st: ProfileStatic) -> dict[str, str]:
-    """Matrix cells of one profile for the main (fp16, vec8) forward and backward configs."""
+    """Matrix cells of one profile for the main (fp16, vec8) forward and backward configs (the task
+    kernels': slots and resident blocks, forward then backward)."""
     if st.report is None:
         return {}
     kernels = st.report.by_name()
@@ -141,7 +146,7 @@ def main_numbers(st: ProfileStatic) -> dict[str, str]:
         "regs/smem f,b": " ".join(regs),
         "blocks/SM f,b": " ".join(str(st.blocks_per_sm.get(c, "?")) for c in MAIN_CONFIGS),
         "residency f,b": " ".join(str(st.residency.get(c, "?")) for c in MAIN_CONFIGS),
-        "tasks slots,res": " ".join(
-            str(d.get(MAIN_TASK_CONFIG, "?")) for d in (st.task_slots, st.task_residency)
+        "tasks slots,res f,b": ", ".join(
+            f"{st.task_slots.get(c, '?')} {st.task_residency.get(c, '?')}" for c in MAIN_TASK_CONFIGS
         ),
     }

@@ -1,4 +1,5 @@
-"""Overflow cases of the task architecture (``GN_ARCH=tasks``, forward only), from the schedule model.
+"""Overflow cases of the task architecture's forward (``GN_ARCH=tasks``), from the schedule model (the
+backward's: `pytest_gn.tasks_bwd`, which shares this module's geometries and launch-record checks).
 
 The task kernels' overflow is not a grid smaller than the tile count: a task (one sample times one
 channel window) is reduced by a team of blocks, each member reducing a contiguous range of the
@@ -70,16 +71,18 @@ def target_chunks(spec: CaseSpec, slots: int) -> int:
 
 
 def tiling_of(spec: CaseSpec, shape: tuple[int, ...]) -> TaskTiling:
+    """The task tiling of the spec's direction for `shape`."""
     n, c = shape[0], shape[1]
-    t = schedule.task_tiling(c, spec.groups, math.prod(shape[2:]), spec.itemsize, "fwd", batch=n)
+    t = schedule.task_tiling(c, spec.groups, math.prod(shape[2:]), spec.itemsize, spec.direction, batch=n)
     if t is None:
         raise CaseUnavailable(f"{spec.id}: the task kernels do not cover the shape {list(shape)}")
     return t
 
 
 def probe_tiling(spec: CaseSpec) -> TaskTiling | None:
-    """The task tiling of a large tensor of the spec's channels and dtype (its chunk height and vectors)."""
-    return schedule.task_tiling(spec.channels, spec.groups, 1 << 30, spec.itemsize, "fwd")
+    """The task tiling of a large tensor of the spec's channels, dtype and direction (its chunk height
+    and vectors)."""
+    return schedule.task_tiling(spec.channels, spec.groups, 1 << 30, spec.itemsize, spec.direction)
 
 
 #: Largest tensor (elements) a task case may have; the search looks no further.
@@ -112,7 +115,9 @@ class Found:
 
 
 @functools.lru_cache(maxsize=1024)
-def _rows(channels: int, groups: int, itemsize: int, geometry: str) -> tuple[tuple[int, int, int], ...]:
+def geometry_rows(
+    channels: int, groups: int, itemsize: int, geometry: str
+) -> tuple[tuple[int, int, int], ...]:
     """(rows per sample, tiles per task, chunks per tile) of every task tiling of the geometry,
     smallest first: whole tiles (even, batch), or a partial last tile (partial: half a chunk short,
     and with tiles of several chunks one chunk and a half, so its last chunk holds no row)."""
@@ -167,7 +172,7 @@ def find_shape(spec: CaseSpec, model: TaskModel, cap: int | None) -> Found:
     wanted = class_counts(spec, slots)
     rank = {c: i for i, c in enumerate(wanted)}
     c, g, item = spec.channels, spec.groups, spec.itemsize
-    rows = _rows(c, g, item, "partial" if spec.geometry == "partial" else "even")
+    rows = geometry_rows(c, g, item, "partial" if spec.geometry == "partial" else "even")
     groups = [BATCH_SAMPLES] if spec.geometry == "batch" else [EVEN_SAMPLES[:2], EVEN_SAMPLES[2:]]
     best: tuple[int, int, int, int] | None = None  # (rank, elements, samples, rows)
     for samples_set in groups:
@@ -216,6 +221,13 @@ def _big(spec: CaseSpec, model: TaskModel, cap: int | None) -> Found:
     return Found(shape, t, p, slots, residency, p.teams.chunks_per_member if p.teams else 0)
 
 
+def member_tiles(p: TaskPlan) -> int:
+    """Tiles of each task the plan's busiest member reduces (`schedule.member_tiles`' longest range)."""
+    assert p.teams is not None
+    m = p.teams.team_size
+    return max(b - a for a, b in (schedule.member_tiles(p.tiling.tiles_per_task, m, i) for i in range(m)))
+
+
 def describe_plan(p: TaskPlan) -> str:
     assert p.teams is not None
     return (
@@ -262,9 +274,9 @@ def resolve_task(
         if residency < found.residency:
             why.append(f"grid limited by the device ({residency} < emulated {found.residency})")
         notes = (*notes, "; ".join(why) + f"; launched: {describe_plan(run)}")
-    task = TaskRun(
-        slots=slots, residency=residency, chunks=scope.teams.chunks_per_member, model_slots=found.slots
-    )
+    task = TaskRun(slots=slots, residency=residency, chunks=scope.teams.chunks_per_member,
+                   model_slots=found.slots, team=scope.teams.team_size,
+                   member_tiles=member_tiles(scope))  # fmt: skip
     return GnCase(spec, found.shape, found.residency, t.tiles, run_cap, run.grid, variant, notes,
                   t.rows_per_tile, task)  # fmt: skip
 
@@ -278,11 +290,13 @@ def expected_plan(case: GnCase, schedule_: int, cap: int | None) -> TaskPlan:
 
 
 def record_problems(rec: dict | None, plan: TaskPlan, label: str) -> list[str]:
-    """What a forward launch record of the task kernels must show for `plan`: the task architecture
-    and the plan's schedule, its grid, every tile reduced and applied, and the chunks re-read the
-    model predicts (summed over blocks); the launcher's own plan must be the model's."""
+    """What a launch record of the task kernels (forward or backward, the plan's direction) must show
+    for `plan`: the task architecture and the plan's schedule, its grid, every tile reduced and applied,
+    and the chunks re-read the model predicts (summed over blocks); the launcher's plan must be the
+    model's."""
     if rec is None:
-        return [f"{label}: no launch record for the forward kernels (did the fast path run?)"]
+        which = "forward" if plan.direction == "fwd" else "backward"
+        return [f"{label}: no launch record for the {which} kernels (did the fast path run?)"]
     problems = []
     launched = rec.get("plan")
     if launched is not None and launched != plan:

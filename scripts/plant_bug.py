@@ -42,6 +42,10 @@ FWD_ONEPASS_TILE_CALL = "    fwd_tile<T, V, kBatchOnepassForward>(a, t, is_last 
 TILE_OFFSET = "  __device__ int64_t offset(const GnArgs& a) const { return (n * a.s + row0) * a.c; }"
 TILE_SAMPLE = "    n = tile / a.tiles_per_slice;"
 TASK_FINISH_TILE = "          finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);"
+# member_bwd_stats: a tile's per-channel partial written to the workspace
+TASK_BWD_TILE_PARTIAL = (
+    "          for (int i = threadIdx.x; i < a.window; i += kThreads) out[i] = sm.chan[i];"
+)
 GROUPS_OF_VECTOR = "  for (int v = 0; v < V; ++v) g[v] = first == last ? first : (c + v) / d;"
 
 PLANTINGS = {
@@ -111,6 +115,17 @@ PLANTINGS = {
         "task kernels (GN_ARCH=tasks): a block with more chunks than slots (overflow) never publishes its "
         "first tile's partial; caught by scripts/task_forward_check.py (caps 1-7)",
         "fwd and not x1-", True,
+    ),
+    "task-bwd-overflow-drop": Planting(
+        "gn_tasks.cuh", TASK_BWD_TILE_PARTIAL,
+        "          // PLANTED: a member with several tiles of a task never writes its last tile's partial\n"
+        "          if (!(t1 - t0 > 1 && tile == t1 - 1))\n"
+        "  " + TASK_BWD_TILE_PARTIAL,
+        "task backward (GN_ARCH=tasks+bwd): a member with more than one tile of a task never writes its last "
+        "tile's partial, so the combine sums the workspace's poison (NaN) or a stale value",
+        # every backward task case whose runs (its cap, then caps 1 and 2 below it) give a member two
+        # tiles: all but the x1 cases of one tile per task (tests/test_plugin_tasks_bwd.py counts them)
+        "bwd-tasks", True,
     ),
 }  # fmt: skip
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The task architecture on one GPU in one call (an H200: about 6-8 minutes for steps 1-5, 4 more for 6-8), logs under OUTDIR:
+# The task architecture on one GPU in one call (an H200: about 6-8 minutes for steps 1-5, 4 more for 6-8, measured
+# before steps 4 and 7 got the backward task cases), logs under OUTDIR:
 #   1. warm the caches (native + PTX variants, ptxas reports of the sweep's profiles: scripts/prebuild.py);
 #   2. the forward check (correctness, bitwise across caps and schedules, timings against the tile kernels);
 #   3. the task backward's GPU tests (GN_ARCH=tasks+bwd, tests/gpu/test_task_backward.py);
-#   4. the plugin's task cases (`--gn-arch tasks`), then with the planted task-overflow-drop bug (must go red);
+#   4. the plugin's task cases (`--gn-arch tasks`: forward and backward), then with the planted task-overflow-drop
+#      and task-bwd-overflow-drop bugs (must go red);
 #   5. forward and backward benchmarks of the task kernels with eager and torch.compile in the same run;
 #   6. the whole GPU suite with GN_ARCH=tasks (and its bitwise and task-backward tests with tasks+bwd);
-#   7. the arch sweep's task cases on every profile, then with the planted bug (must go red);
+#   7. the arch sweep's task cases on every profile, then with the planted bugs (must go red);
 #   8. compute-sanitizer over the task kernels.
 #   bash scripts/tasks_gpu.sh OUTDIR
 # Set TASKS_GPU_SKIP="3 5" (step numbers) to leave steps out. Exit 1 when a step that must pass fails,
@@ -20,6 +22,14 @@ status=0
 skip() { [[ " ${TASKS_GPU_SKIP:-} " == *" $1 "* ]]; }
 step() { echo "== $*" | tee -a "$out/summary.txt"; }
 tail_to_summary() { tail -n "$2" "$1" | tee -a "$out/summary.txt"; }
+# planted LOG EXPECTED: a run with a planted bug must fail; say what the model expects beside what came
+planted() {
+  if ! grep -qE '[0-9]+ failed' "$1"; then
+    echo "UNEXPECTED: the planted bug passed ($1)" | tee -a "$out/summary.txt"
+    status=1
+  fi
+  echo "   expected (schedule model, H200): $2" | tee -a "$out/summary.txt"
+}
 
 step "1 caches"
 python3 scripts/prebuild.py 2>&1 | tail -1 | tee -a "$out/summary.txt"
@@ -38,17 +48,22 @@ if ! skip 3; then
 fi
 
 if ! skip 4; then
-  step "4 plugin task cases (49 on this GPU + self-check), then with the planted task-overflow-drop bug"
+  step "4 plugin task cases (49 forward + 49 backward on this GPU, and self-check), then with the planted bugs"
   python3 -m pytest -p xdist -n 8 -q --gn-arch tasks --pyargs pytest_gn.suite >"$out/plugin_tasks.log" 2>&1 || status=1
-  tail_to_summary "$out/plugin_tasks.log" 3
-  # expected: the 37 cases whose blocks re-read chunks (all but x1) fail, the 12 x1 cases pass
-  planted=$(python3 scripts/plant_bug.py task-overflow-drop)
-  if GN_CSRC_DIR="$planted" python3 -m pytest -p xdist -n 8 -q --gn-arch tasks --pyargs pytest_gn.suite -k "fwd-tasks" \
-    >"$out/plugin_tasks_planted.log" 2>&1; then
-    echo "UNEXPECTED: the planted bug passed" | tee -a "$out/summary.txt"
-    status=1
-  fi
+  tail_to_summary "$out/plugin_tasks.log" 4
+  planted_dir=$(python3 scripts/plant_bug.py task-overflow-drop)
+  GN_CSRC_DIR="$planted_dir" python3 -m pytest -p xdist -n 8 -q --gn-arch tasks --pyargs pytest_gn.suite -k "fwd-tasks" \
+    >"$out/plugin_tasks_planted.log" 2>&1
   tail_to_summary "$out/plugin_tasks_planted.log" 3
+  planted "$out/plugin_tasks_planted.log" "45 failed, 4 passed (session 5: the x1 cases that re-read nothing)"
+  # a member with several tiles of a task loses its last tile's partial: every backward case whose runs
+  # (its cap, then caps 1 and 2 below it) give a member two tiles, i.e. all but the x1 cases of one-tile tasks
+  planted_dir=$(python3 scripts/plant_bug.py task-bwd-overflow-drop)
+  GN_CSRC_DIR="$planted_dir" python3 -m pytest -p xdist -n 8 -q --gn-arch tasks --pyargs pytest_gn.suite -k "bwd-tasks" \
+    >"$out/plugin_tasks_bwd_planted.log" 2>&1
+  tail_to_summary "$out/plugin_tasks_bwd_planted.log" 3
+  planted "$out/plugin_tasks_bwd_planted.log" "45 failed, 4 passed (bwd-tasks-cap1-x1-fp16-silu-c64g1, \
+bwd-tasks-cap3-x1-bf16-silu-c64g1-batch, bwd-tasks-cap1-x1-bf16-noact-c32g32, bwd-tasks-cap3-x1-fp32-noact-c32g32-batch)"
 fi
 
 if ! skip 5; then
@@ -68,16 +83,20 @@ if ! skip 6; then
 fi
 
 if ! skip 7; then
-  step "7 the arch sweep's task cases (every profile), then with the planted task-overflow-drop bug"
+  step "7 the arch sweep's task cases (every profile: 337 forward, 337 backward), then with the planted bugs"
   python3 -m pytest -p xdist -n 8 -q --gn-arch-sweep --gn-arch tasks >"$out/sweep_tasks.log" 2>&1 || status=1
   tail_to_summary "$out/sweep_tasks.log" 2
-  planted=$(python3 scripts/plant_bug.py task-overflow-drop)
-  if GN_CSRC_DIR="$planted" python3 -m pytest -p xdist -n 8 -q --gn-arch-sweep --gn-arch tasks -k "fwd-tasks" \
-    >"$out/sweep_tasks_planted.log" 2>&1; then
-    echo "UNEXPECTED: the planted bug passed the sweep" | tee -a "$out/summary.txt"
-    status=1
-  fi
+  planted_dir=$(python3 scripts/plant_bug.py task-overflow-drop)
+  GN_CSRC_DIR="$planted_dir" python3 -m pytest -p xdist -n 8 -q --gn-arch-sweep --gn-arch tasks -k "fwd-tasks" \
+    >"$out/sweep_tasks_planted.log" 2>&1
   tail_to_summary "$out/sweep_tasks_planted.log" 1
+  planted "$out/sweep_tasks_planted.log" "333 failed, 4 passed (session 5)"
+  planted_dir=$(python3 scripts/plant_bug.py task-bwd-overflow-drop)
+  GN_CSRC_DIR="$planted_dir" python3 -m pytest -p xdist -n 8 -q --gn-arch-sweep --gn-arch tasks -k "bwd-tasks" \
+    >"$out/sweep_tasks_bwd_planted.log" 2>&1
+  tail_to_summary "$out/sweep_tasks_bwd_planted.log" 1
+  planted "$out/sweep_tasks_bwd_planted.log" "325 failed, 12 passed (the x1 cases of one-tile tasks: this GPU's 4 of \
+step 4 and 8 profiles' x1 batch cases; tests/test_plugin_tasks_bwd.py)"
 fi
 
 if ! skip 8; then

@@ -25,8 +25,12 @@ def _module():
 
 plant_bug = _module()
 
+#: The source whose kernels instantiate each task planting's site (csrc/gn_tasks.cuh's device functions).
+TASK_PLANTING_SOURCES = {"task-overflow-drop": "gn_forward.cu", "task-bwd-overflow-drop": "gn_backward.cu"}
+
 
 def test_every_planting_site_is_in_csrc_exactly_once() -> None:
+    assert {n for n in plant_bug.PLANTINGS if n.startswith("task-")} == set(TASK_PLANTING_SOURCES)
     assert plant_bug.missing_sites() == [], "move the sites in scripts/plant_bug.py to the new kernels"
 
 
@@ -43,6 +47,27 @@ def test_planting_changes_its_site_only(name: str) -> None:
                 assert planted.replace(p.replacement, p.site) == source.read_text()
             else:
                 assert planted == source.read_text()
+    finally:
+        shutil.rmtree(bad.parent)
+
+
+@pytest.mark.parametrize("name", sorted(TASK_PLANTING_SOURCES))
+def test_a_task_planting_compiles(name: str) -> None:
+    """The GPU run builds the planted copy (GN_CSRC_DIR): a planting that does not compile would turn
+    every case red for the wrong reason. The source that instantiates it, for the H200."""
+    from gn_module import resources
+
+    try:
+        nvcc = resources.find_nvcc()
+    except resources.NvccNotFound as exc:
+        pytest.skip(str(exc))
+    p = plant_bug.PLANTINGS[name]
+    bad = plant_bug.plant(name)
+    try:
+        src = bad / TASK_PLANTING_SOURCES[name]
+        assert f'#include "{p.file}"' in src.read_text()
+        kernels = [k.name for k in resources.compile_source(nvcc, src, "sm_90")]
+        assert any("task" in k for k in kernels), kernels
     finally:
         shutil.rmtree(bad.parent)
 

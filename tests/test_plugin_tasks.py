@@ -54,8 +54,10 @@ def resolve(spec: CaseSpec, run_on: str | None = None) -> GnCase:
 
 
 def sweep_specs() -> list[CaseSpec]:
-    """The task cases `pytest --gn-arch-sweep --gn-arch tasks` collects for the built-in profiles."""
-    return specs_from_marker({"over_2_31": True}, profiles=BUILTIN, profile_numbers=NUMBERS, archs=("tasks",))
+    """The forward task cases `pytest --gn-arch-sweep --gn-arch tasks` collects for the built-in profiles
+    (the backward's: tests/test_plugin_tasks_bwd.py)."""
+    marker = {"over_2_31": True, "directions": ("fwd",)}
+    return specs_from_marker(marker, profiles=BUILTIN, profile_numbers=NUMBERS, archs=("tasks",))
 
 
 SPECS = sweep_specs()
@@ -156,11 +158,13 @@ def test_task_model_is_the_occupancy_rule_with_the_profiles_shared_memory() -> N
 
 
 # ------------------------------------------------------------------ specs
-def test_task_specs_are_forward_only_with_readable_stable_ids() -> None:
-    specs = specs_from_marker({}, archs=("tasks",))
+def test_forward_task_specs_have_readable_stable_ids() -> None:
+    every = specs_from_marker({}, archs=("tasks",))
+    specs = [s for s in every if s.direction == "fwd"]
     ids = [s.id for s in specs]
     assert len(ids) == len(set(ids)) == 48  # 4 ratios x 3 dtypes x 2 acts, capped and natural
-    assert all(s.arch == "tasks" and s.direction == "fwd" for s in specs)
+    assert all(s.arch == "tasks" and s.env_arch == "tasks" for s in specs)
+    assert specs_from_marker({"directions": ("fwd",)}, archs=("tasks",)) == specs  # forward cells first
     assert ids[:4] == ["fwd-tasks-cap1-x1-fp16-silu", "fwd-tasks-cap2-x1-fp16-noact-partial",
                        "fwd-tasks-cap3-x1-bf16-silu-batch",
                        "fwd-tasks-cap1-x1-bf16-noact-c100g20"]  # fmt: skip
@@ -169,12 +173,11 @@ def test_task_specs_are_forward_only_with_readable_stable_ids() -> None:
     assert [s.cap for s in capped[:6]] == [1, 2, 3, 1, 2, 3]
     for k in (1, 2, 3):  # every cap meets every ratio
         assert {s.ratio.label for s in capped if s.cap == k} == {"x1", "x1p1", "x2p1", "x4p3"}
-    assert specs_from_marker({}, archs=("tasks",)) == specs  # deterministic: the same on every worker
+    assert specs_from_marker({}, archs=("tasks",)) == every  # deterministic: the same on every worker
     assert not [s for s in specs_from_marker({}) if s.arch == "tasks"]  # tiles by default
     both = specs_from_marker({}, archs=("tiles", "tasks"))
-    assert [s for s in both if s.arch == "tiles"] == specs_from_marker({}) and len(both) == 96 + 48
+    assert [s for s in both if s.arch == "tiles"] == specs_from_marker({}) and len(both) == 96 + 96
     assert specs_from_marker({}, archs=("tasks",), foreign=True) == []  # gn_module's kernels only
-    assert specs_from_marker({"directions": ("bwd",)}, archs=("tasks",)) == []
     caps = specs_from_marker({"task_caps": (5,), "variants": ("capped",)}, archs=("tasks",))
     assert {s.cap for s in caps} == {5} and caps[0].id == "fwd-tasks-cap5-x1-fp16-silu"
     for bad in ((), (0,), (True,), ("2",)):
@@ -194,7 +197,9 @@ def test_the_sweep_gives_every_profile_24_task_cases_that_meet_every_kind() -> N
         assert {(s.channels, s.groups, s.geometry) for s in mine} == kinds, scope
     assert len(SPECS) == 24 * (2 + len(BUILTIN)) + 1 == 337
     alone = specs_from_marker({}, profiles=("Thor",), profile_numbers=NUMBERS, archs=("tasks",))
-    assert [s for s in alone if s.profile] == [s for s in SPECS if s.profile == "Thor"]
+    assert [s for s in alone if s.profile and s.direction == "fwd"] == [
+        s for s in SPECS if s.profile == "Thor"
+    ]
 
 
 # ------------------------------------------------------------------ every case has the ratio it claims
@@ -245,8 +250,8 @@ def test_every_task_case_of_the_sweep_has_the_ratio_it_claims(scope: str) -> Non
 def test_every_kind_and_cell_has_its_ratio(scope: str, geometry: str) -> None:
     # every (C, G) pair with every cell, not only the rotation's
     profile = scope if scope not in ("capped", "natural") else None
-    specs = specs_from_marker({"rotate": False, "geometries": (geometry,), "acts": ("silu",)},
-                              profiles=(profile,) if profile else (), archs=("tasks",))  # fmt: skip
+    marker = {"rotate": False, "geometries": (geometry,), "acts": ("silu",), "directions": ("fwd",)}
+    specs = specs_from_marker(marker, profiles=(profile,) if profile else (), archs=("tasks",))
     mine = [s for s in specs if scope_of(s) == scope]
     assert len(mine) == 4 * 3 * len(DEFAULT_SHAPES)
     for spec in mine:

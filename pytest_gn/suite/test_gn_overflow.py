@@ -3,8 +3,8 @@
 The default kinds ((C, G) pairs, or --gn-shapes, times the even, partial and batch geometries)
 rotate over the cells and scopes (`pytest_gn.cases`), so each scope keeps 48 cases; the two
 cases over 2**31 elements (one-pass forward and backward) are this GPU's only. With ``--gn-arch
-tasks`` or ``both`` the task kernels' forward cases come too (24 per scope and one over 2**31
-elements; `pytest_gn.tasks`).
+tasks`` or ``both`` the task kernels' cases come too: forward (24 per scope and one over 2**31
+elements; `pytest_gn.tasks`) and backward (as many; `pytest_gn.tasks_bwd`).
 """
 
 from __future__ import annotations
