@@ -47,7 +47,7 @@ from pytest_gn.tasks import (
 #: Sample counts the batch geometry tries where the forward's give no shape: a backward team runs
 #: several tasks in turn only when the tasks outnumber the teams (its plan weighs no overflow against
 #: rounds), which small teams on a large grid need many samples for.
-MORE_BATCH_SAMPLES = (128, 256)
+MORE_BATCH_SAMPLES = (128, 256, 512)
 
 _PLANS: dict[tuple, TaskPlan] = {}
 
@@ -92,7 +92,7 @@ def find_shape(spec: CaseSpec, model: TaskModel, cap: int | None) -> Found:
     """The smallest shape of the spec's geometry whose backward plan on the scope's GPU (`model`, under
     `cap`) has the ratio's tiles per task, or the nearest count of its class (`ratio_rank`). Even and
     partial shapes have the fewest samples (1 or 2, else up to 8), batch shapes two or more (up to 64,
-    else 128 or 256) and teams that run several tasks (rounds > 1). CaseUnavailable when none fits."""
+    else 128, 256 or 512) and teams that run several tasks (rounds > 1). CaseUnavailable when none fits."""
     probe = probe_tiling(spec)
     if probe is None:
         raise CaseUnavailable(f"{spec.id}: the task kernels do not cover C={spec.channels} {spec.dtype}")

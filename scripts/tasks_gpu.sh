@@ -95,8 +95,8 @@ if ! skip 7; then
   GN_CSRC_DIR="$planted_dir" python3 -m pytest -p xdist -n 8 -q --gn-arch-sweep --gn-arch tasks -k "bwd-tasks" \
     >"$out/sweep_tasks_bwd_planted.log" 2>&1
   tail_to_summary "$out/sweep_tasks_bwd_planted.log" 1
-  planted "$out/sweep_tasks_bwd_planted.log" "325 failed, 12 passed (the x1 cases of one-tile tasks: this GPU's 4 of \
-step 4 and 8 profiles' x1 batch cases; tests/test_plugin_tasks_bwd.py)"
+  planted "$out/sweep_tasks_bwd_planted.log" "327 failed, 10 passed (the x1 cases of one-tile tasks: this GPU's 4 of \
+step 4 and 6 profiles' x1 batch cases; tests/test_plugin_tasks_bwd.py)"
 fi
 
 if ! skip 8; then

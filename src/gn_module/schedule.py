@@ -510,9 +510,10 @@ def task_smem_bytes(t: TaskTiling, slots: int) -> int:
 
 
 def task_slots(t: TaskTiling, smem_budget: int) -> int:
-    """Chunks a block can hold within `smem_budget` bytes (1..MAX_SLOTS; 0 if not even one)."""
+    """Chunk slots a block can hold within `smem_budget` bytes (1..MAX_SLOTS; 0 if not even one); a
+    backward slot holds a chunk of x and one of dy."""
     fixed = task_smem_bytes(t, 0)
-    return max(0, min(MAX_SLOTS, (smem_budget - fixed) // t.chunk_bytes))
+    return max(0, min(MAX_SLOTS, (smem_budget - fixed) // (TENSORS_ON_CHIP[t.direction] * t.chunk_bytes)))
 
 
 def task_smem_budget(limits: DeviceLimits, blocks_per_sm: int = TASK_BLOCKS_PER_SM) -> int:
