@@ -9,7 +9,9 @@
 #   5. forward and backward benchmarks of the task kernels with eager and torch.compile in the same run;
 #   6. the whole GPU suite with GN_ARCH=tasks (and its bitwise and task-backward tests with tasks+bwd);
 #   7. the arch sweep's task cases on every profile, then with the planted bugs (must go red);
-#   8. compute-sanitizer over the task kernels.
+#   8. compute-sanitizer over the task kernels;
+#   9. the task kernels' time at team sizes 1, 2, 4, ... (to calibrate schedule.choose_teams);
+#  10. host time per call (no-grad and training step, ours and torch's).
 #   bash scripts/tasks_gpu.sh OUTDIR
 # Set TASKS_GPU_SKIP="3 5" (step numbers) to leave steps out. Exit 1 when a step that must pass fails,
 # or the planted bug is not caught.
@@ -103,5 +105,17 @@ if ! skip 8; then
   step "8 compute-sanitizer (memcheck, racecheck, synccheck) over the task kernels (GN_ARCH=tasks+bwd)"
   GN_ARCH=tasks+bwd SANITIZE_TOOLS="memcheck racecheck synccheck" bash scripts/sanitize.sh "$out/sanitize" \
     2>&1 | tee -a "$out/summary.txt" || status=1
+fi
+
+if ! skip 9; then
+  step "9 team sizes of the task kernels, forward and backward (scripts/task_team_sweep.py), fp16"
+  python3 scripts/task_team_sweep.py --json "$out/team_sweep.json" >"$out/team_sweep.log" 2>&1 || status=1
+  tail_to_summary "$out/team_sweep.log" 60
+fi
+
+if ! skip 10; then
+  step "10 host time per call, no-grad and training step (scripts/host_overhead.py)"
+  python3 scripts/host_overhead.py --json "$out/host.json" >"$out/host.log" 2>&1 || status=1
+  tail_to_summary "$out/host.log" 30
 fi
 exit $status
