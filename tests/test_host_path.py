@@ -722,6 +722,27 @@ def test_the_function_below_its_python_wrapper_only_without_functorch(train_stub
 
 
 # ---------------------------------------------------------------- settings
+def test_a_replacing_cap_sets_the_outer_ones_aside(monkeypatch):
+    monkeypatch.setenv(ops.ENV_CAP, "4")
+    with ops.max_resident_blocks(1):
+        assert ops.current_cap() == 1
+        with ops.max_resident_blocks(2, replace=True):
+            assert ops.current_cap() == 2  # above the outer cap and the env var
+            with ops.max_resident_blocks(3):
+                assert ops.current_cap() == 2  # inner caps still only tighten
+            with ops.max_resident_blocks(9, replace=True):
+                assert ops.current_cap() == 9 and ops._settings()[0] == 9
+            assert ops.current_cap() == 2
+        assert ops.current_cap() == 1
+        with ops.max_resident_blocks(1), ops.max_resident_blocks(5, replace=True):
+            assert ops.current_cap() == 5
+        assert ops.current_cap() == 1
+    assert ops.current_cap() == 4 and not ops._caps
+    monkeypatch.delenv(ops.ENV_CAP)
+    with pytest.raises(ValueError, match="k must be an int >= 1"), ops.max_resident_blocks(0, replace=True):
+        pass
+
+
 def test_env_settings_are_read_on_every_call(monkeypatch):
     assert ops.current_cap() is None and ops.current_arch() == ops.DEFAULT_ARCH == "tasks"
     monkeypatch.setenv(ops.ENV_CAP, "4")

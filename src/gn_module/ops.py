@@ -32,7 +32,7 @@ DEFAULT_ARCH = "tasks"
 
 # Caps and variants are process-wide (not thread-local): autograd runs backward on its own thread.
 _settings_lock = threading.Lock()
-_caps: list[int] = []
+_caps: list[list] = []  # [k, replace] entries, innermost last (removed by identity)
 _variants: list[str | None] = []
 _records: list[dict] = []
 _poison: list[bool] = []
@@ -41,21 +41,27 @@ _traces: list[torch.Tensor] = []
 
 # ---------------------------------------------------------------- user-facing switches
 @contextlib.contextmanager
-def max_resident_blocks(k: int) -> Iterator[None]:
+def max_resident_blocks(k: int, *, replace: bool = False) -> Iterator[None]:
     """Cap every one-pass grid at `k` blocks inside the block (emulates a smaller GPU).
 
     Overflow tiles are then processed by the resident blocks in the same launch. Results are
     bitwise identical for every k. The env var GN_MAX_RESIDENT_BLOCKS sets a process-wide cap.
+    Caps nest to the tightest; ``replace=True`` makes the cap exactly `k` inside the block, outer
+    caps and the env var set aside (a test that compares caps can then go above the one in force).
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"max_resident_blocks: k must be an int >= 1, got {k!r}")
+    entry = [k, bool(replace)]
     with _settings_lock:
-        _caps.append(k)
+        _caps.append(entry)
     try:
         yield
     finally:
         with _settings_lock:
-            _caps.remove(k)
+            for i in range(len(_caps) - 1, -1, -1):
+                if _caps[i] is entry:
+                    del _caps[i]
+                    break
 
 
 def _parse_cap(raw: str | bytes | None) -> int | None:
@@ -110,10 +116,14 @@ def _parsed(cache: dict, parse: Callable, raw: str | bytes | None) -> object:
 
 
 def _with_caps(env_cap: int | None) -> int | None:
-    if _caps:
-        cap = min(_caps)
-        return cap if env_cap is None or cap < env_cap else env_cap
-    return env_cap
+    if not _caps:
+        return env_cap
+    cap = None
+    for k, replace in reversed(_caps):  # innermost first, down to the innermost replace
+        cap = k if cap is None or k < cap else cap
+        if replace:
+            return cap
+    return cap if env_cap is None or cap < env_cap else env_cap
 
 
 def current_cap() -> int | None:
