@@ -9,11 +9,11 @@ with outputs and workspace poisoned, each run's launch record showing the model'
 tile reduced and applied, the chunks it re-reads), every run bitwise equal to the first, which must
 match the fp64 reference: a forward case (``fwd-tasks-...``, GN_ARCH=tasks) one-pass under the case's
 cap, one-pass under another cap and two-pass; a backward case (``bwd-tasks-...``, GN_ARCH=tasks+bwd:
-one schedule) forward and backward under the case's cap, then under caps 1 and 2 where they are below
-it (a run can only lower the cap the case is under). A foreign implementation runs in
-`python -m pytest_gn.child` so that an abort (a device assert, a segfault) becomes a failed case
-carrying its stderr and the phase it died in; a NotImplementedError it raises is its documented
-"not supported" signal and skips the case with its message.
+one schedule) forward and backward under the case's cap, then under whichever of caps 1 and 2 it is not
+(each extra run's cap replaces the case's: `ops.max_resident_blocks(k, replace=True)`). A foreign
+implementation runs in `python -m pytest_gn.child` so that an abort (a device assert, a segfault)
+becomes a failed case carrying its stderr and the phase it died in; a NotImplementedError it raises is
+its documented "not supported" signal and skips the case with its message.
 """
 
 from __future__ import annotations
@@ -221,8 +221,8 @@ def other_task_cap(case: GnCase) -> int:
     return 2 if case.cap == 1 else 1
 
 
-#: Caps a backward task case runs under after its own, where below the cap in force: one block (one
-#: member with every tile of every task), then two.
+#: Caps a backward task case runs under after its own (those it is not under): one block (one member
+#: with every tile of every task), then two.
 BWD_OTHER_CAPS = (1, 2)
 
 
@@ -233,7 +233,7 @@ def task_runs(case: GnCase, cap: int | None) -> list[tuple[str, int, int | None]
         other = other_task_cap(case)
         return [("one-pass", 1, None), (f"one-pass cap {other}", 1, other), ("two-pass", 2, None)]
     first = "natural" if cap is None else f"cap {cap}"
-    return [(first, 2, None)] + [(f"cap {k}", 2, k) for k in BWD_OTHER_CAPS if cap is None or k < cap]
+    return [(first, 2, None)] + [(f"cap {k}", 2, k) for k in BWD_OTHER_CAPS if k != cap]
 
 
 def _check_task_runs(case: GnCase, inp: dict, result: CaseResult, enter: Phase, device: Any) -> dict:
@@ -247,8 +247,8 @@ def _check_task_runs(case: GnCase, inp: dict, result: CaseResult, enter: Phase, 
         runs = task_runs(case, ops.current_cap())
         for i, (label, passes, extra) in enumerate(runs):
             with contextlib.ExitStack() as stack:
-                if extra is not None:
-                    stack.enter_context(ops.max_resident_blocks(extra))
+                if extra is not None:  # exactly this cap, even above the case's (a cap-1 case's cap 2)
+                    stack.enter_context(ops.max_resident_blocks(extra, replace=True))
                 cap = ops.current_cap()
                 stack.enter_context(ops.poison_outputs())
                 record = stack.enter_context(ops.launch_record())

@@ -337,7 +337,7 @@ def test_a_backward_case_runs_under_its_cap_then_the_lower_of_caps_1_and_2() -> 
     assert labels(None) == [("natural", None), ("cap 1", 1), ("cap 2", 2)]
     assert labels(3) == [("cap 3", None), ("cap 1", 1), ("cap 2", 2)]
     assert labels(2) == [("cap 2", None), ("cap 1", 1)]
-    assert labels(1) == [("cap 1", None)]  # a run can only lower the cap in force
+    assert labels(1) == [("cap 1", None), ("cap 2", 2)]  # the extra run's cap replaces the case's
     assert {passes for _, passes, _ in task_runs(_case(None), None)} == {2}  # one schedule
 
 
