@@ -1,5 +1,6 @@
-"""Overflow cases of the task architecture's forward (``GN_ARCH=tasks``), from the schedule model (the
-backward's: `pytest_gn.tasks_bwd`, which shares this module's geometries and launch-record checks).
+"""Overflow cases of the task architecture's forward (``GN_ARCH=tasks``), from the schedule model, and
+the search both directions share (the backward's cases: `pytest_gn.tasks_bwd`, which takes this
+module's geometries, search, resolution and launch-record checks).
 
 The task kernels' overflow is not a grid smaller than the tile count: a task (one sample times one
 channel window) is reduced by a team of blocks, each member reducing a contiguous range of the
@@ -24,6 +25,12 @@ and are checked against `schedule.task_tiling`. Geometries: ``even`` (whole tile
 ``partial`` (the last tile and its last chunk are partial; with tiles of several chunks the last
 chunk holds no row at all), ``batch`` (two or more samples and teams that run several tasks in turn:
 ``rounds`` > 1). ``2_31``: one sample over 2**31 elements, natural residency only.
+
+**Both directions.** `TaskCases` searches and resolves the cases of a direction (`TaskCases.find_shape`,
+`TaskCases.big_shape`, `TaskCases.resolve`); what differs is a direction's fields: its plan's schedule,
+what the ratio counts (here the busiest member's chunks over slots, in the backward a task's tiles over
+team members) and how near a count of the ratio's class is (`chunks_rank`, `tasks_bwd.tiles_rank`),
+the batch geometry's sample counts, and the notes' words. FORWARD is the forward's.
 
 **Scopes.** This GPU's capped cases rotate over the caps 1, 2 and 3 (``task_caps``), its natural
 cases use its own residency (`ops.task_plan`: slots from its shared memory, blocks from the occupancy
@@ -89,29 +96,24 @@ def probe_tiling(spec: CaseSpec) -> TaskTiling | None:
 MAX_ELEMENTS = 1 << 28
 
 
-_TEAMS: dict[tuple[int, ...], schedule.TaskTeams] = {}
+#: The search's plans by schedule: one bounded cache per direction, so that neither direction's search
+#: pushes the other's plans out.
+_PLANS: dict[int, dict[tuple, TaskPlan]] = {}
 
 
-def _teams(t: TaskTiling, blocks: int, slots: int) -> schedule.TaskTeams:
-    """`schedule.choose_teams`, remembered by what it reads of the tiling (tasks, tiles per task,
-    chunks per tile): the search asks the same ones again for every ratio, act, dtype and shape."""
-    key = (t.tasks, t.tiles_per_task, t.chunks_per_tile, blocks, slots)
-    teams = _TEAMS.get(key)
-    if teams is None:
-        if len(_TEAMS) > 1 << 18:
-            _TEAMS.clear()
-        teams = _TEAMS[key] = schedule.choose_teams(t, blocks, slots)
-    return teams
-
-
-@dataclass(frozen=True)
-class Found:
-    shape: tuple[int, ...]
-    tiling: TaskTiling
-    plan: TaskPlan  # the scope's one-pass plan (the ratio is its busiest member's chunks)
-    slots: int
-    residency: int
-    wanted: int  # the ratio's own count (the plan's may be the nearest of its class)
+def plan_of(t: TaskTiling, schedule_: int, slots: int, residency: int, cap: int | None) -> TaskPlan:
+    """`schedule.make_task_plan`, remembered by what its teams read of the tiling (tasks, tiles per
+    task, chunks per tile): the search asks the same ones again for every ratio, act, dtype and shape.
+    The plan returned is that of the first tiling asked; callers that keep one make it again for their
+    own tiling."""
+    plans = _PLANS.setdefault(schedule_, {})
+    key = (t.tasks, t.tiles_per_task, t.chunks_per_tile, slots, residency, cap)
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) > 1 << 18:
+            plans.clear()
+        plan = plans[key] = schedule.make_task_plan(t, schedule_, slots, residency, cap)
+    return plan
 
 
 @functools.lru_cache(maxsize=1024)
@@ -142,83 +144,10 @@ def geometry_rows(
     return tuple(sorted(found))
 
 
-def class_counts(spec: CaseSpec, slots: int) -> list[int]:
-    """The busiest member's chunk counts a case of the spec's ratio may have, nearest first: M x slots
-    + K, then (for K > 0) the counts within one ring of slots of it that stay above M x slots, above
-    first (the ring wraps M times and then some). ``x1`` and ``x2`` (K = 0) take their count only."""
-    want = spec.ratio.mult * slots + spec.ratio.plus
-    out = [want]
-    if spec.ratio.plus > 0:
-        for d in range(1, slots):
-            out += [c for c in (want + d, want - d) if c > spec.ratio.mult * slots]
-    return out
-
-
-def find_shape(spec: CaseSpec, model: TaskModel, cap: int | None) -> Found:
-    """The shape of the spec's geometry, smallest first, whose one-pass task plan on the scope's GPU
-    (`model`, under `cap`) gives the busiest member ratio x slots chunks per task; where no shape of at
-    most MAX_ELEMENTS elements has that count, the nearest count of the ratio class (said in the notes).
-    Even and partial shapes have the fewest samples (1 or 2, else up to 8), batch shapes two or more
-    and teams that run several tasks (rounds > 1). CaseUnavailable when none fits."""
-    probe = probe_tiling(spec)
-    if probe is None:
-        raise CaseUnavailable(f"{spec.id}: the task kernels do not cover C={spec.channels} {spec.dtype}")
-    slots, residency = model(probe)
-    if slots < 1 or residency < 1:
-        raise CaseUnavailable(
-            f"{spec.id}: the one-pass task kernel cannot run ({slots} slots, {residency} resident blocks)"
-        )
-    blocks = residency if cap is None else min(residency, cap)
-    wanted = class_counts(spec, slots)
-    rank = {c: i for i, c in enumerate(wanted)}
-    c, g, item = spec.channels, spec.groups, spec.itemsize
-    rows = geometry_rows(c, g, item, "partial" if spec.geometry == "partial" else "even")
-    groups = [BATCH_SAMPLES] if spec.geometry == "batch" else [EVEN_SAMPLES[:2], EVEN_SAMPLES[2:]]
-    best: tuple[int, int, int, int] | None = None  # (rank, elements, samples, rows)
-    for samples_set in groups:
-        order = sorted((n * s, n, s) for n in samples_set for s, _, _ in rows if n * s * c <= MAX_ELEMENTS)
-        for size, n, s in order:
-            if best is not None and best[0] == 0:
-                break
-            t = schedule.task_tiling(c, g, s, item, "fwd", batch=n)
-            assert t is not None
-            teams = _teams(t, blocks, slots)
-            i = rank.get(teams.chunks_per_member)
-            if i is None or (spec.geometry == "batch" and teams.rounds < 2):
-                continue
-            if best is None or (i, size) < best[:2]:
-                best = (i, size, n, s)
-        if best is not None:
-            break
-    if best is None:
-        where = f"{residency} resident blocks" + (f" capped at {cap}" if cap is not None else "")
-        raise CaseUnavailable(
-            f"{spec.id}: no {spec.geometry} shape of at most {MAX_ELEMENTS} elements gives a member "
-            f"{wanted[0]} chunks ({spec.ratio.label} of {slots} slots) or a count of its class with {where}"
-        )
-    _, _, n, s = best
-    t = schedule.task_tiling(c, g, s, item, "fwd", batch=n)
-    assert t is not None
-    if model(t) != (slots, residency):  # same chunk height on the same GPU: the model must agree
-        raise RuntimeError(f"{spec.id}: slots/residency {model(t)} of {t} != {(slots, residency)}")
-    plan = schedule.make_task_plan(t, 1, slots, residency, cap)
-    assert plan.teams is not None and plan.teams.chunks_per_member in rank
-    return Found((n, c, *spatial(s, t.rows_per_tile)), t, plan, slots, residency, wanted[0])
-
-
-def _big(spec: CaseSpec, model: TaskModel, cap: int | None) -> Found:
-    rows = big_rows(spec.channels)
-    shape = (1, spec.channels, *spatial(rows, 1 << 16))
-    t = tiling_of(spec, shape)
-    slots, residency = model(t)
-    if slots < 1 or residency < 1:
-        raise CaseUnavailable(
-            f"{spec.id}: the one-pass task kernel cannot run ({slots} slots, {residency} blocks)"
-        )
-    p = schedule.make_task_plan(t, 1, slots, residency, cap)
-    if schedule.task_reread_chunks(p) == 0:
-        raise CaseUnavailable(f"{spec.id}: {t.tiles} tiles re-read nothing with {residency} blocks")
-    return Found(shape, t, p, slots, residency, p.teams.chunks_per_member if p.teams else 0)
+def near_rank(count: int, want: int) -> int:
+    """Where a count of a ratio's class stands, nearest to the ratio's own count `want` first and, as
+    near, above before below: 2 x the distance, plus 1 below (0: `want` itself)."""
+    return 2 * abs(count - want) + (count < want)
 
 
 def member_tiles(p: TaskPlan) -> int:
@@ -226,6 +155,162 @@ def member_tiles(p: TaskPlan) -> int:
     assert p.teams is not None
     m = p.teams.team_size
     return max(b - a for a, b in (schedule.member_tiles(p.tiling.tiles_per_task, m, i) for i in range(m)))
+
+
+# ------------------------------------------------------------------ the search, for either direction
+@dataclass(frozen=True)
+class TaskCases:
+    """One direction's task cases: the shape search (`find_shape`, `big_shape`) and the resolution
+    (`resolve`) are the same for both directions; the fields are what differs (the forward's: FORWARD
+    below; the backward's: `pytest_gn.tasks_bwd.BACKWARD`). A ratio ``xMpK`` asks a plan for a count of
+    M x unit + K."""
+
+    direction: str  # the tilings': "fwd" or "bwd"
+    schedule: int  # the plans': 1 (the one-pass forward) or 2 (the backward)
+    kernel: str  # what cannot run where the scope has no slot or block
+    batch_samples: tuple[tuple[int, ...], ...]  # what the batch geometry tries, set after set
+    count: Callable[[TaskPlan], int]  # what the ratio counts of a plan
+    unit: Callable[[TaskPlan], int]  # ... and in what unit
+    rank: Callable[[Ratio, TaskPlan], int | None]  # the plan's `near_rank` in the ratio's class, or None
+    no_overflow: Callable[[TaskPlan], str | None]  # why the case over 2**31 elements would not overflow
+    # the notes' and errors' words (str.format templates of the names in braces)
+    counted: str  # a count the ratio did not get: {count} ({label} of {unit})
+    unfound: str  # what no shape has: {ratio}, {slots}, {want} = M x slots + K
+    unemulated: str  # a profile's slots this GPU does not have: {profile} {model}, this GPU {run}
+    describe: Callable[[TaskPlan], str]  # a plan
+
+    def scope_gpu(self, spec: CaseSpec, model: TaskModel) -> tuple[int, int]:
+        """The scope's slots and residency for the spec's channels, dtype and direction."""
+        probe = probe_tiling(spec)
+        if probe is None:
+            raise CaseUnavailable(f"{spec.id}: the task kernels do not cover C={spec.channels} {spec.dtype}")
+        slots, residency = model(probe)
+        if slots < 1 or residency < 1:
+            raise CaseUnavailable(
+                f"{spec.id}: {self.kernel} cannot run ({slots} slots, {residency} resident blocks)"
+            )
+        return slots, residency
+
+    def find_shape(
+        self, spec: CaseSpec, model: TaskModel, cap: int | None
+    ) -> tuple[tuple[int, ...], TaskPlan]:
+        """The shape of the spec's geometry, smallest first, whose plan on the scope's GPU (`model`, under
+        `cap`) has the ratio's count, or where no shape of at most MAX_ELEMENTS elements has it the
+        nearest of its class (`rank`; said in the notes); with that plan. Even and partial shapes have
+        the fewest samples (1 or 2, else up to 8), batch shapes two or more (`batch_samples`) and teams
+        that run several tasks (rounds > 1). CaseUnavailable when none fits."""
+        slots, residency = self.scope_gpu(spec, model)
+        c, g, item = spec.channels, spec.groups, spec.itemsize
+        rows = geometry_rows(c, g, item, "partial" if spec.geometry == "partial" else "even")
+        groups = self.batch_samples if spec.geometry == "batch" else (EVEN_SAMPLES[:2], EVEN_SAMPLES[2:])
+        best: tuple[int, int, int, int] | None = None  # (rank, elements, samples, rows)
+        for samples_set in groups:
+            order = sorted(
+                (n * s, n, s) for n in samples_set for s, _, _ in rows if n * s * c <= MAX_ELEMENTS
+            )
+            for size, n, s in order:
+                if best is not None and best[0] == 0:
+                    break
+                t = schedule.task_tiling(c, g, s, item, self.direction, batch=n)
+                assert t is not None
+                p = plan_of(t, self.schedule, slots, residency, cap)
+                rank = self.rank(spec.ratio, p)
+                if rank is None or (spec.geometry == "batch" and p.teams.rounds < 2):
+                    continue
+                if best is None or (rank, size) < best[:2]:
+                    best = (rank, size, n, s)
+            if best is not None:
+                break
+        if best is None:
+            where = f"{residency} resident blocks" + (f" capped at {cap}" if cap is not None else "")
+            unfound = self.unfound.format(ratio=spec.ratio.label, slots=slots,
+                                          want=spec.ratio.mult * slots + spec.ratio.plus)  # fmt: skip
+            no = f"no {spec.geometry} shape of at most {MAX_ELEMENTS} elements"
+            raise CaseUnavailable(f"{spec.id}: {no} {unfound} with {where}")
+        _, _, n, s = best
+        t = schedule.task_tiling(c, g, s, item, self.direction, batch=n)
+        assert t is not None
+        if model(t) != (slots, residency):  # same chunk height on the same GPU: the model must agree
+            raise RuntimeError(f"{spec.id}: slots/residency {model(t)} of {t} != {(slots, residency)}")
+        plan = schedule.make_task_plan(t, self.schedule, slots, residency, cap)
+        assert plan.teams is not None and self.rank(spec.ratio, plan) == best[0]
+        return (n, c, *spatial(s, t.rows_per_tile)), plan
+
+    def big_shape(
+        self, spec: CaseSpec, model: TaskModel, cap: int | None
+    ) -> tuple[tuple[int, ...], TaskPlan]:
+        """The shape over 2**31 elements (one sample), with its plan on the scope's GPU under `cap`."""
+        shape = (1, spec.channels, *spatial(big_rows(spec.channels), 1 << 16))
+        t = tiling_of(spec, shape)
+        slots, residency = model(t)
+        if slots < 1 or residency < 1:
+            raise CaseUnavailable(f"{spec.id}: {self.kernel} cannot run ({slots} slots, {residency} blocks)")
+        p = schedule.make_task_plan(t, self.schedule, slots, residency, cap)
+        why = self.no_overflow(p)
+        if why is not None:
+            raise CaseUnavailable(f"{spec.id}: {why}")
+        return shape, p
+
+    def resolve(
+        self,
+        spec: CaseSpec,
+        model: TaskModel,
+        *,
+        cap: int | None = None,
+        emulated: bool = False,
+        run_model: TaskModel | None = None,
+        variant: str | None = None,
+        notes: tuple[str, ...] = (),
+    ) -> GnCase:
+        """The concrete task case for a scope: `model` gives the scope's slots and residency (this GPU's,
+        or a profile's modelled ones with `emulated`, which caps the grid at that residency); `cap` is the
+        scope's residency cap. `run_model` is what the GPU at hand launches with (default: `model`): the
+        expected launch uses its slots and residency under the case's cap. Raises CaseUnavailable."""
+        big = spec.geometry == BIG
+        shape, scope = (self.big_shape if big else self.find_shape)(spec, model, cap)
+        t = scope.tiling
+        assert scope.teams is not None
+        run_cap = scope.residency if emulated else cap
+        slots, residency = (run_model or model)(t)
+        if slots < 1 or residency < 1:
+            raise CaseUnavailable(f"{spec.id}: {self.kernel} cannot run on this GPU")
+        run = schedule.make_task_plan(t, self.schedule, slots, residency, run_cap)
+        notes = (*notes, f"plan: {self.describe(scope)}")
+        count, unit, ratio = self.count(scope), self.unit(scope), spec.ratio
+        want = ratio.mult * unit + ratio.plus
+        if count != want and not big:
+            label = Ratio(ratio.mult, count - ratio.mult * unit).label
+            notes = (*notes, f"{self.counted.format(count=count, label=label, unit=unit)} instead of {want} "
+                             f"({ratio.label}), which no {spec.geometry} shape of at most {MAX_ELEMENTS} "
+                             "elements gives")  # fmt: skip
+        # what a GPU with the scope's own slots and residency would launch
+        as_emulated = schedule.make_task_plan(t, self.schedule, scope.slots, scope.residency, run_cap)
+        if emulated and run != as_emulated:
+            why = []
+            if slots != scope.slots:
+                why.append(self.unemulated.format(profile=spec.profile, model=scope.slots, run=slots))
+            if residency < scope.residency:
+                why.append(f"grid limited by the device ({residency} < emulated {scope.residency})")
+            notes = (*notes, "; ".join(why) + f"; launched: {self.describe(run)}")
+        task = TaskRun(slots=slots, residency=residency, chunks=scope.teams.chunks_per_member,
+                       model_slots=scope.slots, team=scope.teams.team_size,
+                       member_tiles=member_tiles(scope))  # fmt: skip
+        return GnCase(spec, shape, scope.residency, t.tiles, run_cap, run.grid, variant, notes,
+                      t.rows_per_tile, task)  # fmt: skip
+
+
+# ------------------------------------------------------------------ the forward's
+def chunks_rank(ratio: Ratio, p: TaskPlan) -> int | None:
+    """Where the busiest member's chunks per task stand in the ratio's class (`near_rank`): M x slots
+    + K, then (for K > 0) the counts within one ring of slots of it that stay above M x slots (the ring
+    wraps M times and then some); None outside. ``x1`` and ``x2`` (K = 0) take their count only."""
+    assert p.teams is not None
+    chunks, want = p.teams.chunks_per_member, ratio.mult * p.slots + ratio.plus
+    if chunks == want:
+        return 0
+    if ratio.plus > 0 and chunks > ratio.mult * p.slots and abs(chunks - want) < p.slots:
+        return near_rank(chunks, want)
+    return None
 
 
 def describe_plan(p: TaskPlan) -> str:
@@ -237,48 +322,30 @@ def describe_plan(p: TaskPlan) -> str:
     )
 
 
-def resolve_task(
-    spec: CaseSpec,
-    model: TaskModel,
-    *,
-    cap: int | None = None,
-    emulated: bool = False,
-    run_model: TaskModel | None = None,
-    variant: str | None = None,
-    notes: tuple[str, ...] = (),
-) -> GnCase:
-    """The concrete task case for a scope: `model` gives the scope's slots and residency (this GPU's,
-    or a profile's modelled ones with `emulated`, which caps the grid at that residency); `cap` is the
-    scope's residency cap. `run_model` is what the GPU at hand launches with (default: `model`): the
-    expected launch uses its slots and residency under the case's cap. Raises CaseUnavailable."""
-    found = _big(spec, model, cap) if spec.geometry == BIG else find_shape(spec, model, cap)
-    t, scope = found.tiling, found.plan
-    assert scope.teams is not None
-    run_cap = found.residency if emulated else cap
-    slots, residency = (run_model or model)(t)
-    if slots < 1 or residency < 1:
-        raise CaseUnavailable(f"{spec.id}: the one-pass task kernel cannot run on this GPU")
-    run = schedule.make_task_plan(t, 1, slots, residency, run_cap)
-    notes = (*notes, f"plan: {describe_plan(scope)}")
-    if scope.teams.chunks_per_member != found.wanted and spec.geometry != BIG:
-        k = scope.teams.chunks_per_member - spec.ratio.mult * found.slots
-        label = Ratio(spec.ratio.mult, k).label
-        notes = (*notes, f"busiest member {scope.teams.chunks_per_member} chunks ({label} of {found.slots} "
-                         f"slots) instead of {found.wanted} ({spec.ratio.label}), which no {spec.geometry} "
-                         f"shape of at most {MAX_ELEMENTS} elements gives")  # fmt: skip
-    if emulated and run != schedule.make_task_plan(t, 1, found.slots, found.residency, run_cap):
-        why = []
-        if slots != found.slots:
-            why.append(f"shared memory not emulated: {spec.profile} keeps {found.slots} chunks per block, "
-                       f"this GPU {slots} (gn_module has no knob that lowers them)")  # fmt: skip
-        if residency < found.residency:
-            why.append(f"grid limited by the device ({residency} < emulated {found.residency})")
-        notes = (*notes, "; ".join(why) + f"; launched: {describe_plan(run)}")
-    task = TaskRun(slots=slots, residency=residency, chunks=scope.teams.chunks_per_member,
-                   model_slots=found.slots, team=scope.teams.team_size,
-                   member_tiles=member_tiles(scope))  # fmt: skip
-    return GnCase(spec, found.shape, found.residency, t.tiles, run_cap, run.grid, variant, notes,
-                  t.rows_per_tile, task)  # fmt: skip
+def _rereads_nothing(p: TaskPlan) -> str | None:
+    if schedule.task_reread_chunks(p) == 0:
+        return f"{p.tiling.tiles} tiles re-read nothing with {p.residency} blocks"
+    return None
+
+
+FORWARD = TaskCases(
+    direction="fwd",
+    schedule=1,
+    kernel="the one-pass task kernel",
+    batch_samples=(BATCH_SAMPLES,),
+    count=lambda p: p.teams.chunks_per_member,
+    unit=lambda p: p.slots,
+    rank=chunks_rank,
+    no_overflow=_rereads_nothing,
+    counted="busiest member {count} chunks ({label} of {unit} slots)",
+    unfound="gives a member {want} chunks ({ratio} of {slots} slots) or a count of its class",
+    unemulated="shared memory not emulated: {profile} keeps {model} chunks per block, this GPU {run} "
+    "(gn_module has no knob that lowers them)",
+    describe=describe_plan,
+)
+#: The forward's search and resolution (`TaskCases.find_shape`, `TaskCases.resolve`).
+find_shape = FORWARD.find_shape
+resolve_task = FORWARD.resolve
 
 
 # ------------------------------------------------------------------ what the launch must show

@@ -29,41 +29,14 @@ GPU's (said in the notes where it differs).
 
 from __future__ import annotations
 
-from gn_module import schedule
-from gn_module.schedule import TaskPlan, TaskTiling
-from pytest_gn.cases import BIG, CaseSpec, CaseUnavailable, GnCase, Ratio, TaskRun, big_rows, spatial
-from pytest_gn.tasks import (
-    BATCH_SAMPLES,
-    EVEN_SAMPLES,
-    MAX_ELEMENTS,
-    Found,
-    TaskModel,
-    geometry_rows,
-    member_tiles,
-    probe_tiling,
-    tiling_of,
-)
+from gn_module.schedule import TaskPlan
+from pytest_gn.cases import Ratio
+from pytest_gn.tasks import BATCH_SAMPLES, TaskCases, member_tiles, near_rank
 
 #: Sample counts the batch geometry tries where the forward's give no shape: a backward team runs
 #: several tasks in turn only when the tasks outnumber the teams (its plan weighs no overflow against
 #: rounds), which small teams on a large grid need many samples for.
 MORE_BATCH_SAMPLES = (128, 256, 512)
-
-_PLANS: dict[tuple, TaskPlan] = {}
-
-
-def plan_of(t: TaskTiling, slots: int, residency: int, cap: int | None) -> TaskPlan:
-    """`schedule.make_task_plan` of the backward (schedule 2), remembered by what its teams read of the
-    tiling (tasks, tiles per task, chunks per tile): the search asks the same ones again for every
-    ratio, act and shape. The plan returned is that of the first tiling asked; callers that keep one
-    make it again for their own tiling."""
-    key = (t.tasks, t.tiles_per_task, t.chunks_per_tile, slots, residency, cap)
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) > 1 << 18:
-            _PLANS.clear()
-        plan = _PLANS[key] = schedule.make_task_plan(t, 2, slots, residency, cap)
-    return plan
 
 
 def grid_bound(p: TaskPlan) -> int:
@@ -71,88 +44,21 @@ def grid_bound(p: TaskPlan) -> int:
     return max(1, p.residency if p.cap is None else min(p.residency, p.cap))
 
 
-def ratio_rank(ratio: Ratio, p: TaskPlan) -> tuple[int, bool] | None:
-    """Where the plan's tiles per task stand in the ratio's class, nearest first (0: M x team_size + K
-    exactly; then, for K > 0, the counts strictly between M and M + 1 team sizes, above first), or None
-    outside it, or when the teams do not fill the grid (room for one more member in every team: only an
-    ``x1`` plan can have that, a team of as many members as the task has tiles)."""
+def tiles_rank(ratio: Ratio, p: TaskPlan) -> int | None:
+    """Where the plan's tiles per task stand in the ratio's class (`near_rank`: M x team_size + K
+    exactly; then, for K > 0, the counts strictly between M and M + 1 team sizes), or None outside it,
+    or when the teams do not fill the grid (room for one more member in every team: only an ``x1`` plan
+    can have that, a team of as many members as the task has tiles)."""
     assert p.teams is not None
     m, tiles = p.teams.team_size, p.tiling.tiles_per_task
     if p.teams.teams * (m + 1) <= grid_bound(p):
         return None
     want = ratio.mult * m + ratio.plus
     if tiles == want:
-        return 0, False
+        return 0
     if ratio.plus > 0 and ratio.mult * m < tiles < (ratio.mult + 1) * m:
-        return abs(tiles - want), tiles < want
+        return near_rank(tiles, want)
     return None
-
-
-def find_shape(spec: CaseSpec, model: TaskModel, cap: int | None) -> Found:
-    """The smallest shape of the spec's geometry whose backward plan on the scope's GPU (`model`, under
-    `cap`) has the ratio's tiles per task, or the nearest count of its class (`ratio_rank`). Even and
-    partial shapes have the fewest samples (1 or 2, else up to 8), batch shapes two or more (up to 64,
-    else 128, 256 or 512) and teams that run several tasks (rounds > 1). CaseUnavailable when none fits."""
-    probe = probe_tiling(spec)
-    if probe is None:
-        raise CaseUnavailable(f"{spec.id}: the task kernels do not cover C={spec.channels} {spec.dtype}")
-    slots, residency = model(probe)
-    if slots < 1 or residency < 1:
-        raise CaseUnavailable(
-            f"{spec.id}: the task backward cannot run ({slots} slots, {residency} resident blocks)"
-        )
-    c, g, item = spec.channels, spec.groups, spec.itemsize
-    rows = geometry_rows(c, g, item, "partial" if spec.geometry == "partial" else "even")
-    if spec.geometry == "batch":
-        groups = [BATCH_SAMPLES, MORE_BATCH_SAMPLES]
-    else:
-        groups = [EVEN_SAMPLES[:2], EVEN_SAMPLES[2:]]
-    best: tuple[tuple[int, bool], int, int, int] | None = None  # (rank, elements, samples, rows)
-    for samples_set in groups:
-        order = sorted((n * s, n, s) for n in samples_set for s, _, _ in rows if n * s * c <= MAX_ELEMENTS)
-        for size, n, s in order:
-            if best is not None and best[0][0] == 0:
-                break
-            t = schedule.task_tiling(c, g, s, item, "bwd", batch=n)
-            assert t is not None
-            p = plan_of(t, slots, residency, cap)
-            rank = ratio_rank(spec.ratio, p)
-            if rank is None or (spec.geometry == "batch" and p.teams.rounds < 2):
-                continue
-            if best is None or (rank, size) < best[:2]:
-                best = (rank, size, n, s)
-        if best is not None:
-            break
-    if best is None:
-        where = f"{residency} resident blocks" + (f" capped at {cap}" if cap is not None else "")
-        raise CaseUnavailable(
-            f"{spec.id}: no {spec.geometry} shape of at most {MAX_ELEMENTS} elements has tasks of "
-            f"{spec.ratio.label} team sizes of tiles (or a count of its class) with {where}"
-        )
-    _, _, n, s = best
-    t = schedule.task_tiling(c, g, s, item, "bwd", batch=n)
-    assert t is not None
-    if model(t) != (slots, residency):  # same chunk height on the same GPU: the model must agree
-        raise RuntimeError(f"{spec.id}: slots/residency {model(t)} of {t} != {(slots, residency)}")
-    plan = schedule.make_task_plan(t, 2, slots, residency, cap)
-    assert plan.teams is not None and ratio_rank(spec.ratio, plan) == best[0]
-    want = spec.ratio.mult * plan.teams.team_size + spec.ratio.plus
-    return Found((n, c, *spatial(s, t.rows_per_tile)), t, plan, slots, residency, want)
-
-
-def _big(spec: CaseSpec, model: TaskModel, cap: int | None) -> Found:
-    rows = big_rows(spec.channels)
-    shape = (1, spec.channels, *spatial(rows, 1 << 16))
-    t = tiling_of(spec, shape)
-    slots, residency = model(t)
-    if slots < 1 or residency < 1:
-        raise CaseUnavailable(f"{spec.id}: the task backward cannot run ({slots} slots, {residency} blocks)")
-    p = schedule.make_task_plan(t, 2, slots, residency, cap)
-    if member_tiles(p) < 2:
-        raise CaseUnavailable(
-            f"{spec.id}: no member has two of the {t.tiles_per_task} tiles with {residency} blocks"
-        )
-    return Found(shape, t, p, slots, residency, t.tiles_per_task)
 
 
 def describe_plan(p: TaskPlan) -> str:
@@ -165,45 +71,27 @@ def describe_plan(p: TaskPlan) -> str:
     )
 
 
-def resolve_task_bwd(
-    spec: CaseSpec,
-    model: TaskModel,
-    *,
-    cap: int | None = None,
-    emulated: bool = False,
-    run_model: TaskModel | None = None,
-    variant: str | None = None,
-    notes: tuple[str, ...] = (),
-) -> GnCase:
-    """The concrete backward task case for a scope, as `pytest_gn.tasks.resolve_task` makes a forward
-    one: `model` gives the scope's slots and residency of the backward (this GPU's, or a profile's with
-    `emulated`, which caps the grid at that residency), `cap` the scope's cap, `run_model` what the GPU
-    at hand launches with (default: `model`). Raises CaseUnavailable."""
-    found = _big(spec, model, cap) if spec.geometry == BIG else find_shape(spec, model, cap)
-    t, scope = found.tiling, found.plan
-    assert scope.teams is not None
-    run_cap = found.residency if emulated else cap
-    slots, residency = (run_model or model)(t)
-    if slots < 1 or residency < 1:
-        raise CaseUnavailable(f"{spec.id}: the task backward cannot run on this GPU")
-    run = schedule.make_task_plan(t, 2, slots, residency, run_cap)
-    notes = (*notes, f"plan: {describe_plan(scope)}")
-    if t.tiles_per_task != found.wanted and spec.geometry != BIG:
-        m = scope.teams.team_size
-        label = Ratio(spec.ratio.mult, t.tiles_per_task - spec.ratio.mult * m).label
-        notes = (*notes, f"tasks of {t.tiles_per_task} tiles ({label} of a team of {m}) instead of "
-                         f"{found.wanted} ({spec.ratio.label}), which no {spec.geometry} shape of at most "
-                         f"{MAX_ELEMENTS} elements gives")  # fmt: skip
-    if emulated and run != schedule.make_task_plan(t, 2, found.slots, found.residency, run_cap):
-        why = []
-        if slots != found.slots:
-            why.append(f"ring depth not emulated: {spec.profile} keeps {found.slots} chunk pairs per block, "
-                       f"this GPU {slots}")  # fmt: skip
-        if residency < found.residency:
-            why.append(f"grid limited by the device ({residency} < emulated {found.residency})")
-        notes = (*notes, "; ".join(why) + f"; launched: {describe_plan(run)}")
-    task = TaskRun(slots=slots, residency=residency, chunks=scope.teams.chunks_per_member,
-                   model_slots=found.slots, team=scope.teams.team_size,
-                   member_tiles=member_tiles(scope))  # fmt: skip
-    return GnCase(spec, found.shape, found.residency, t.tiles, run_cap, run.grid, variant, notes,
-                  t.rows_per_tile, task)  # fmt: skip
+def _one_tile_each(p: TaskPlan) -> str | None:
+    if member_tiles(p) < 2:
+        return f"no member has two of the {p.tiling.tiles_per_task} tiles with {p.residency} blocks"
+    return None
+
+
+BACKWARD = TaskCases(
+    direction="bwd",
+    schedule=2,
+    kernel="the task backward",
+    batch_samples=(BATCH_SAMPLES, MORE_BATCH_SAMPLES),
+    count=lambda p: p.tiling.tiles_per_task,
+    unit=lambda p: p.teams.team_size,
+    rank=tiles_rank,
+    no_overflow=_one_tile_each,
+    counted="tasks of {count} tiles ({label} of a team of {unit})",
+    unfound="has tasks of {ratio} team sizes of tiles (or a count of its class)",
+    unemulated="ring depth not emulated: {profile} keeps {model} chunk pairs per block, this GPU {run}",
+    describe=describe_plan,
+)
+#: The backward's search and resolution (`pytest_gn.tasks.TaskCases`), as `pytest_gn.tasks` has the
+#: forward's.
+find_shape = BACKWARD.find_shape
+resolve_task_bwd = BACKWARD.resolve

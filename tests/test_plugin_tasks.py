@@ -4,89 +4,27 @@ profiles' shared memory, the planted bug's reach, and the runner's launch-record
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import math
 import os
-import sys
-from pathlib import Path
 
 import pytest
+import task_case_helpers as helpers
+from task_case_helpers import BUILTIN, NUMBERS, THIS_GPU, Direction, in_scope, tiling_of
 
 from gn_module import profiles, resources, schedule
-from gn_module.schedule import TaskTiling
 from pytest_gn import tasks
-from pytest_gn.cases import (
-    DEFAULT_SHAPES,
-    CaseSpec,
-    CaseUnavailable,
-    GnCase,
-    Ratio,
-    TaskRun,
-    memory_estimate,
-    specs_from_marker,
-)
+from pytest_gn.cases import CaseSpec, GnCase, Ratio, TaskRun, memory_estimate, specs_from_marker
 from pytest_gn.runner import arch_env, case_context, case_from_json, case_to_json, other_task_cap
 from pytest_gn.sweep import Sweep
 
-ROOT = Path(__file__).resolve().parents[1]
 #: What ptxas gives fwd_task_onepass on the built-in archs (126-128 registers, 16 bytes of static
 #: shared memory: __launch_bounds__(256, 2)); the sweep reads the real numbers per arch.
 TASK_REGISTERS = schedule.KernelResources(128, 16)
-BUILTIN = tuple(p.name for p in profiles.BUILTIN_PROFILES)
-NUMBERS = {name: i for i, name in enumerate(BUILTIN)}
-#: Stands for this GPU (ops.task_plan's slots and occupancy) in the CPU tests: an H200.
-THIS_GPU = "H200"
+FORWARD = Direction("fwd", TASK_REGISTERS, 1, tasks.resolve_task)
+model_of, resolve, scope_plan = FORWARD.model_of, FORWARD.resolve, FORWARD.scope_plan
 
 
-def model_of(name: str, regs: schedule.KernelResources = TASK_REGISTERS) -> tasks.TaskModel:
-    profile = profiles.get_profile(name)
-    return lambda t: schedule.task_model(profile, regs, t)
-
-
-def resolve(spec: CaseSpec, run_on: str | None = None) -> GnCase:
-    """The case as the plugin resolves it: a profile's with its modelled slots and residency (on a
-    GPU `run_on`, when given), this GPU's (an H200 here) under the case's cap."""
-    run = model_of(run_on) if run_on else None
-    if spec.profile is not None:
-        return tasks.resolve_task(spec, model_of(spec.profile), emulated=True, run_model=run)
-    return tasks.resolve_task(spec, model_of(THIS_GPU), cap=spec.cap if spec.variant == "capped" else None)
-
-
-def sweep_specs() -> list[CaseSpec]:
-    """The forward task cases `pytest --gn-arch-sweep --gn-arch tasks` collects for the built-in profiles
-    (the backward's: tests/test_plugin_tasks_bwd.py)."""
-    marker = {"over_2_31": True, "directions": ("fwd",)}
-    return specs_from_marker(marker, profiles=BUILTIN, profile_numbers=NUMBERS, archs=("tasks",))
-
-
-SPECS = sweep_specs()
-
-
-def scope_of(spec: CaseSpec) -> str:
-    return spec.profile or spec.variant
-
-
-SCOPES = sorted({scope_of(s) for s in SPECS if not s.big}, key=lambda s: (s not in ("capped", "natural"), s))
-
-
-def tiling_of(case: GnCase) -> TaskTiling:
-    n, c = case.shape[0], case.shape[1]
-    t = schedule.task_tiling(
-        c, case.spec.groups, math.prod(case.shape[2:]), case.spec.itemsize, "fwd", batch=n
-    )
-    assert t is not None
-    return t
-
-
-def scope_plan(case: GnCase) -> schedule.TaskPlan:
-    """The one-pass plan the case's ratio is about, recomputed from its shape with the model."""
-    spec, t = case.spec, tiling_of(case)
-    if spec.profile is not None:
-        slots, residency = model_of(spec.profile)(t)
-        return schedule.make_task_plan(t, 1, slots, residency, residency)
-    slots, residency = model_of(THIS_GPU)(t)
-    return schedule.make_task_plan(t, 1, slots, residency, spec.cap if spec.variant == "capped" else None)
+SPECS = helpers.sweep_specs("fwd")
+SCOPES = helpers.scopes(SPECS)
 
 
 # ------------------------------------------------------------------ the schedule model's additions
@@ -160,9 +98,8 @@ def test_task_model_is_the_occupancy_rule_with_the_profiles_shared_memory() -> N
 # ------------------------------------------------------------------ specs
 def test_forward_task_specs_have_readable_stable_ids() -> None:
     every = specs_from_marker({}, archs=("tasks",))
-    specs = [s for s in every if s.direction == "fwd"]
+    specs = helpers.default_specs("fwd")
     ids = [s.id for s in specs]
-    assert len(ids) == len(set(ids)) == 48  # 4 ratios x 3 dtypes x 2 acts, capped and natural
     assert all(s.arch == "tasks" and s.env_arch == "tasks" for s in specs)
     assert specs_from_marker({"directions": ("fwd",)}, archs=("tasks",)) == specs  # forward cells first
     assert ids[:4] == ["fwd-tasks-cap1-x1-fp16-silu", "fwd-tasks-cap2-x1-fp16-noact-partial",
@@ -190,12 +127,7 @@ def test_forward_task_specs_have_readable_stable_ids() -> None:
 def test_the_sweep_gives_every_profile_24_task_cases_that_meet_every_kind() -> None:
     big = [s for s in SPECS if s.big]
     assert [s.id for s in big] == ["fwd-tasks-2_31-bf16-silu"]
-    kinds = {(c, g, geo) for c, g in DEFAULT_SHAPES for geo in ("even", "partial", "batch")}
-    for scope in SCOPES:
-        mine = [s for s in SPECS if scope_of(s) == scope and not s.big]
-        assert len(mine) == 24, scope
-        assert {(s.channels, s.groups, s.geometry) for s in mine} == kinds, scope
-    assert len(SPECS) == 24 * (2 + len(BUILTIN)) + 1 == 337
+    helpers.assert_every_scope_has_24_cases_of_every_kind(SPECS)
     alone = specs_from_marker({}, profiles=("Thor",), profile_numbers=NUMBERS, archs=("tasks",))
     assert [s for s in alone if s.profile and s.direction == "fwd"] == [
         s for s in SPECS if s.profile == "Thor"
@@ -222,39 +154,19 @@ def assert_claim(case: GnCase) -> None:
         assert busiest == slots and reread == 0, spec.id  # everything kept, at the boundary
     else:
         assert busiest > slots and reread > 0, spec.id  # the re-read path runs
-    n, rows = t.batch, t.rows
-    if spec.geometry == "partial":
-        assert rows % t.rows_per_tile and rows % t.chunk_rows and t.tiles_per_task >= 2, spec.id
-    else:
-        assert rows % t.rows_per_tile == 0, spec.id
-    if spec.geometry == "batch":
-        assert n >= 2 and p.teams.rounds >= 2, spec.id
-    else:
-        assert n <= max(tasks.EVEN_SAMPLES), spec.id
-    assert case.numel <= tasks.MAX_ELEMENTS, spec.id
-    assert case.expected_grid == p.grid and case.tile_rows == t.rows_per_tile, spec.id
-    if spec.profile is not None:
-        assert case.cap == case.residency == p.residency, spec.id  # the grid capped at the profile's
-    else:
-        assert case.cap == (spec.cap if spec.variant == "capped" else None), spec.id
+    helpers.assert_geometry(case, t, p)
 
 
 @pytest.mark.parametrize("scope", SCOPES)
 def test_every_task_case_of_the_sweep_has_the_ratio_it_claims(scope: str) -> None:
-    for spec in (s for s in SPECS if scope_of(s) == scope and not s.big):
+    for spec in in_scope(SPECS, scope):
         assert_claim(resolve(spec))
 
 
-@pytest.mark.parametrize("geometry", ["even", "partial", "batch"])
-@pytest.mark.parametrize("scope", ["capped", "natural", "RTX3090", "Thor"])
+@pytest.mark.parametrize("geometry", helpers.GEOMETRIES)
+@pytest.mark.parametrize("scope", helpers.CELL_SCOPES)
 def test_every_kind_and_cell_has_its_ratio(scope: str, geometry: str) -> None:
-    # every (C, G) pair with every cell, not only the rotation's
-    profile = scope if scope not in ("capped", "natural") else None
-    marker = {"rotate": False, "geometries": (geometry,), "acts": ("silu",), "directions": ("fwd",)}
-    specs = specs_from_marker(marker, profiles=(profile,) if profile else (), archs=("tasks",))
-    mine = [s for s in specs if scope_of(s) == scope]
-    assert len(mine) == 4 * 3 * len(DEFAULT_SHAPES)
-    for spec in mine:
+    for spec in helpers.every_cell("fwd", scope, geometry):
         assert_claim(resolve(spec))
 
 
@@ -278,13 +190,7 @@ def test_a_count_no_shape_has_moves_to_the_nearest_of_its_ring() -> None:
 
 
 def test_a_shape_the_task_kernels_do_not_cover_is_unavailable() -> None:
-    spec = CaseSpec("fwd", Ratio(1, 1), "fp16", "silu", 4096, 1, arch="tasks")  # 512 vectors per row
-    with pytest.raises(CaseUnavailable, match="do not cover"):
-        resolve(spec)
-    tiny = profiles.limits_for("Tiny", (8, 6), 4, smem_per_sm=16 * 1024)
-    spec = CaseSpec("fwd", Ratio(1, 1), "fp16", "silu", arch="tasks")
-    with pytest.raises(CaseUnavailable, match="cannot run"):
-        tasks.resolve_task(spec, lambda t: schedule.task_model(tiny, TASK_REGISTERS, t))
+    FORWARD.assert_unavailable_where_the_kernels_cannot_run()
 
 
 # ------------------------------------------------------------------ profiles' shared memory
@@ -350,23 +256,15 @@ def test_the_sweep_models_a_profiles_task_slots_and_residency(regs: int) -> None
 
 
 # ------------------------------------------------------------------ the planted bug's reach
-def _plant_bug():
-    spec = importlib.util.spec_from_file_location("plant_bug", ROOT / "scripts" / "plant_bug.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plant_bug"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_planted_task_overflow_drop_can_fire_in_every_scope() -> None:
     """``scripts/plant_bug.py task-overflow-drop`` drops the first tile's partial of every member that
     has more chunks of a task than slots. Every scope has such cases, for every act and dtype, and
     exactly its cases outside x1 (the planting's -k "fwd and not x1-") have them, so x1 passes."""
-    planting = _plant_bug().PLANTINGS["task-overflow-drop"]
+    planting = helpers.plant_bug().PLANTINGS["task-overflow-drop"]
     assert "chunks > a.slots && tile == t0" in planting.replacement and planting.select == "fwd and not x1-"
     for scope in SCOPES:
         fires = []
-        for spec in (s for s in SPECS if scope_of(s) == scope and not s.big):
+        for spec in in_scope(SPECS, scope):
             case = resolve(spec)
             p = scope_plan(case)
             over = any(c > p.slots for c in schedule.task_member_chunks(tiling_of(case), p.teams.team_size))
@@ -388,9 +286,7 @@ def _case(cap: int | None = 2) -> GnCase:
 def test_the_record_of_a_launch_must_show_the_model_plan() -> None:
     case = _case()
     plan = tasks.expected_plan(case, 1, case.cap)
-    good = {"arch": 2, "schedule": 1, "grid": plan.grid, "tiles_phase1": plan.tiles,
-            "tiles_applied": plan.tiles, "chunks_reread": schedule.task_reread_chunks(plan),
-            "plan": plan}  # fmt: skip
+    good = helpers.good_record(plan)
     assert tasks.record_problems(good, plan, "one-pass") == []
     assert good["chunks_reread"] > 0 and good["grid"] == case.expected_grid == 2
     for key, value in (("grid", 3), ("tiles_applied", plan.tiles - 1), ("chunks_reread", 0), ("arch", 1),
@@ -438,13 +334,8 @@ def test_task_cases_survive_json_and_size_their_memory() -> None:
 
 
 def test_resolution_is_quick_enough_for_a_sweep() -> None:
-    import time
-
-    tasks._TEAMS.clear()
-    started = time.perf_counter()
-    for spec in (s for s in SPECS if s.profile == "GB10"):
-        resolve(spec)
-    assert time.perf_counter() - started < 30  # a profile's 24 cases, cold (about 1-3 s here)
+    gb10 = [s for s in SPECS if s.profile == "GB10"]
+    assert helpers.seconds_to_resolve(resolve, gb10) < 30  # a profile's 24 cases, cold (about 1-3 s here)
 
 
 def _fake_kernels(case: GnCase, monkeypatch, bug: str = "") -> list[dict]:
@@ -452,9 +343,6 @@ def _fake_kernels(case: GnCase, monkeypatch, bug: str = "") -> list[dict]:
     record from the model's plan for the cap in force (what the kernels record). `bug`: "overflow-drop"
     moves the output of tasks whose members have more chunks than slots (as the planted bug does),
     "reread" records one chunk too few, "two-pass" makes the two-pass output differ in one element."""
-    import torch.nn.functional as F
-
-    import gn_module
     from gn_module import ops
 
     calls: list[dict] = []
@@ -463,26 +351,18 @@ def _fake_kernels(case: GnCase, monkeypatch, bug: str = "") -> list[dict]:
     def group_norm(x, num_groups, weight, bias, eps, act, passes):
         assert os.environ.get("GN_ARCH") == "tasks"
         plan = tasks.expected_plan(case, passes, ops.current_cap())
-        y = F.group_norm(x.float(), num_groups, weight, bias, eps)
-        y = (F.silu(y) if act == "silu" else y).to(x.dtype)
+        y = helpers.torch_group_norm(x, num_groups, weight, bias, eps, act)
         members = schedule.task_member_chunks(plan.tiling, plan.teams.team_size)
         if bug == "overflow-drop" and max(members) > plan.slots:
             y[:, : plan.tiling.window] += 1  # a tile's partial lost: the task's statistics move
         if bug == "two-pass" and passes == 2:
             y[0, 0, 0, 0] += 1
-        reread = schedule.task_reread_chunks(plan) - (bug == "reread")
-        record["fwd"] = {"grid": plan.grid, "tiles_phase1": plan.tiles, "tiles_applied": plan.tiles,
-                         "chunks_reread": reread, "schedule": passes, "arch": 2, "plan": plan}  # fmt: skip
+        good = helpers.good_record(plan)
+        record["fwd"] = {**good, "chunks_reread": good["chunks_reread"] - (bug == "reread")}
         calls.append({"passes": passes, "cap": ops.current_cap(), "poisoned": bool(ops._poison)})
         return y
 
-    @contextlib.contextmanager
-    def launch_record():
-        record.clear()
-        yield record
-
-    monkeypatch.setattr(gn_module, "group_norm", group_norm)
-    monkeypatch.setattr(ops, "launch_record", launch_record)
+    helpers.patch_kernels(monkeypatch, group_norm, record)
     return calls
 
 
@@ -506,11 +386,7 @@ def test_the_runner_checks_a_task_case_three_ways(monkeypatch, bug: str, problem
     assert [(c["passes"], c["cap"]) for c in calls] == [(1, 2), (1, 1), (2, 2)]  # case cap, cap 1, two-pass
     assert all(c["poisoned"] for c in calls)
     assert result.record["fwd"]["grid"] == case.expected_grid and "plan" not in result.record["fwd"]
-    if problem is None:
-        assert result.ok, result.problems
-    else:
-        assert not result.ok and any(problem in p for p in result.problems), result.problems
-    assert os.environ.get("GN_ARCH") is None  # restored
+    helpers.assert_outcome(result, problem)
 
 
 def test_a_profile_case_limited_by_this_gpus_grid_checks_what_it_launches(monkeypatch) -> None:

@@ -4,93 +4,31 @@ every tile in both launches, the profiles' emulation, the planted bug's reach, a
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib.util
-import math
 import os
-import sys
-from pathlib import Path
 
 import pytest
+import task_case_helpers as helpers
+from task_case_helpers import BUILTIN, NUMBERS, THIS_GPU, Direction, in_scope, tiling_of
 
 from gn_module import profiles, schedule
-from gn_module.schedule import TaskPlan, TaskTiling
+from gn_module.schedule import TaskPlan
 from pytest_gn import tasks, tasks_bwd
-from pytest_gn.cases import (
-    DEFAULT_SHAPES,
-    CaseSpec,
-    CaseUnavailable,
-    GnCase,
-    Ratio,
-    memory_estimate,
-    specs_from_marker,
-)
+from pytest_gn.cases import CaseSpec, CaseUnavailable, GnCase, Ratio, memory_estimate, specs_from_marker
 from pytest_gn.runner import case_context, case_from_json, case_to_json, task_runs
 
-ROOT = Path(__file__).resolve().parents[1]
 #: What ptxas gives bwd_task_stats on sm_90 (117-126 registers with 16-byte vectors, 70-72 on the
 #: scalar path; 16 bytes of static shared memory): the residency's shared memory decides either way.
 BWD_REGISTERS = schedule.KernelResources(126, 16)
-BUILTIN = tuple(p.name for p in profiles.BUILTIN_PROFILES)
-NUMBERS = {name: i for i, name in enumerate(BUILTIN)}
-#: Stands for this GPU (ops.task_plan's slots and occupancy) in the CPU tests: an H200.
-THIS_GPU = "H200"
+BACKWARD = Direction("bwd", BWD_REGISTERS, 2, tasks_bwd.resolve_task_bwd)
+model_of, scope_plan = BACKWARD.model_of, BACKWARD.scope_plan
+#: `Direction.resolve`, remembered: cases are frozen.
+resolve = functools.cache(BACKWARD.resolve)
 RATIOS = {"x1", "x1p1", "x2p1", "x4p3"}
 
 
-def model_of(name: str) -> tasks.TaskModel:
-    profile = profiles.get_profile(name)
-    return lambda t: schedule.task_model(profile, BWD_REGISTERS, t)
-
-
-@functools.cache
-def resolve(spec: CaseSpec, run_on: str | None = None) -> GnCase:
-    """The case as the plugin resolves it: a profile's with its modelled residency (on a GPU `run_on`,
-    when given), this GPU's (an H200 here) under the case's cap (remembered: cases are frozen)."""
-    run = model_of(run_on) if run_on else None
-    if spec.profile is not None:
-        return tasks_bwd.resolve_task_bwd(spec, model_of(spec.profile), emulated=True, run_model=run)
-    cap = spec.cap if spec.variant == "capped" else None
-    return tasks_bwd.resolve_task_bwd(spec, model_of(THIS_GPU), cap=cap)
-
-
-def sweep_specs() -> list[CaseSpec]:
-    """The backward task cases `pytest --gn-arch-sweep --gn-arch tasks` collects for the built-in
-    profiles (after the forward's, whose cells come first in the rotation)."""
-    specs = specs_from_marker(
-        {"over_2_31": True}, profiles=BUILTIN, profile_numbers=NUMBERS, archs=("tasks",)
-    )
-    return [s for s in specs if s.direction == "bwd"]
-
-
-SPECS = sweep_specs()
-
-
-def scope_of(spec: CaseSpec) -> str:
-    return spec.profile or spec.variant
-
-
-SCOPES = sorted({scope_of(s) for s in SPECS if not s.big}, key=lambda s: (s not in ("capped", "natural"), s))
-
-
-def tiling_of(case: GnCase) -> TaskTiling:
-    n, c = case.shape[0], case.shape[1]
-    t = schedule.task_tiling(
-        c, case.spec.groups, math.prod(case.shape[2:]), case.spec.itemsize, "bwd", batch=n
-    )
-    assert t is not None
-    return t
-
-
-def scope_plan(case: GnCase) -> TaskPlan:
-    """The backward plan the case's ratio is about, recomputed from its shape with the model."""
-    spec, t = case.spec, tiling_of(case)
-    if spec.profile is not None:
-        slots, residency = model_of(spec.profile)(t)
-        return schedule.make_task_plan(t, 2, slots, residency, residency)
-    slots, residency = model_of(THIS_GPU)(t)
-    return schedule.make_task_plan(t, 2, slots, residency, spec.cap if spec.variant == "capped" else None)
+SPECS = helpers.sweep_specs("bwd")
+SCOPES = helpers.scopes(SPECS)
 
 
 def run_plans(case: GnCase) -> list[TaskPlan]:
@@ -104,13 +42,11 @@ def run_plans(case: GnCase) -> list[TaskPlan]:
 
 # ------------------------------------------------------------------ specs
 def test_backward_task_specs_have_readable_stable_ids() -> None:
-    every = specs_from_marker({}, archs=("tasks",))
-    specs = [s for s in every if s.direction == "bwd"]
+    specs = helpers.default_specs("bwd")
     ids = [s.id for s in specs]
-    assert len(ids) == len(set(ids)) == 48  # 4 ratios x 3 dtypes x 2 acts, capped and natural
     assert all(s.arch == "tasks" and s.env_arch == "tasks+bwd" for s in specs)
     forward = specs_from_marker({"directions": ("fwd",)}, archs=("tasks",))
-    assert [s for s in every if s.direction == "fwd"] == forward  # the backward's cells come after
+    assert helpers.default_specs("fwd") == forward  # the backward's cells come after
     assert ids[:3] == ["bwd-tasks-cap1-x1-fp16-silu-c64g1", "bwd-tasks-cap2-x1-fp16-noact-c64g1-partial",
                        "bwd-tasks-cap3-x1-bf16-silu-c64g1-batch"]  # fmt: skip
     assert ids[-1] == "bwd-tasks-x4p3-fp32-noact-c100g20"
@@ -126,13 +62,10 @@ def test_backward_task_specs_have_readable_stable_ids() -> None:
 
 def test_the_sweep_gives_every_profile_24_backward_task_cases_that_meet_every_kind() -> None:
     assert [s.id for s in SPECS if s.big] == ["bwd-tasks-2_31-bf16-silu"]
-    kinds = {(c, g, geo) for c, g in DEFAULT_SHAPES for geo in ("even", "partial", "batch")}
+    helpers.assert_every_scope_has_24_cases_of_every_kind(SPECS)
     for scope in SCOPES:
-        mine = [s for s in SPECS if scope_of(s) == scope and not s.big]
-        assert len(mine) == 24, scope
-        assert {(s.channels, s.groups, s.geometry) for s in mine} == kinds, scope
+        mine = in_scope(SPECS, scope)
         assert {s.ratio.label for s in mine} == RATIOS and {s.act for s in mine} == {"silu", None}, scope
-    assert len(SPECS) == 24 * (2 + len(BUILTIN)) + 1 == 337
     both = specs_from_marker({"over_2_31": True}, profiles=BUILTIN, profile_numbers=NUMBERS, archs=("tasks",))
     assert len(both) == 2 * 337  # as many backward task cases as forward ones
 
@@ -154,39 +87,13 @@ def assert_claim(case: GnCase) -> None:
     assert tasks.member_tiles(p) == -(-tiles // m) == ratio.mult + -(-(tiles - ratio.mult * m) // m), spec.id
     assert (tasks.member_tiles(p) == 1) == (ratio.label == "x1"), spec.id  # several tiles: all but x1
     assert p.teams.teams * (m + 1) > tasks_bwd.grid_bound(p), spec.id  # no room for one more member
-    n, rows = t.batch, t.rows
-    if spec.geometry == "partial":
-        assert rows % t.rows_per_tile and rows % t.chunk_rows and t.tiles_per_task >= 2, spec.id
-    else:
-        assert rows % t.rows_per_tile == 0, spec.id
-    if spec.geometry == "batch":
-        assert n >= 2 and p.teams.rounds >= 2, spec.id
-    else:
-        assert n <= max(tasks.EVEN_SAMPLES), spec.id
-    assert case.numel <= tasks.MAX_ELEMENTS, spec.id
-    assert case.expected_grid == p.grid and case.tile_rows == t.rows_per_tile, spec.id
-    if spec.profile is not None:
-        assert case.cap == case.residency == p.residency, spec.id  # the grid capped at the profile's
-    else:
-        assert case.cap == (spec.cap if spec.variant == "capped" else None), spec.id
+    helpers.assert_geometry(case, t, p)
 
 
-@pytest.mark.parametrize("scope", SCOPES)
-def test_every_backward_task_case_of_the_sweep_has_the_ratio_it_claims(scope: str) -> None:
-    for spec in (s for s in SPECS if scope_of(s) == scope and not s.big):
-        assert_claim(resolve(spec))
-
-
-@pytest.mark.parametrize("geometry", ["even", "partial", "batch"])
-@pytest.mark.parametrize("scope", ["capped", "natural", "RTX3090", "Thor"])
+@pytest.mark.parametrize("geometry", helpers.GEOMETRIES)
+@pytest.mark.parametrize("scope", helpers.CELL_SCOPES)
 def test_every_kind_and_cell_has_its_ratio(scope: str, geometry: str) -> None:
-    # every (C, G) pair with every cell, not only the rotation's
-    profile = scope if scope not in ("capped", "natural") else None
-    marker = {"rotate": False, "geometries": (geometry,), "acts": ("silu",), "directions": ("bwd",)}
-    specs = specs_from_marker(marker, profiles=(profile,) if profile else (), archs=("tasks",))
-    mine = [s for s in specs if scope_of(s) == scope]
-    assert len(mine) == 4 * 3 * len(DEFAULT_SHAPES)
-    for spec in mine:
+    for spec in helpers.every_cell("bwd", scope, geometry):
         try:
             case = resolve(spec)
         except CaseUnavailable:
@@ -199,6 +106,12 @@ def test_every_kind_and_cell_has_its_ratio(scope: str, geometry: str) -> None:
         assert_claim(case)
 
 
+@pytest.mark.parametrize("scope", SCOPES)
+def test_every_backward_task_case_of_the_sweep_has_the_ratio_it_claims(scope: str) -> None:
+    for spec in in_scope(SPECS, scope):
+        assert_claim(resolve(spec))
+
+
 def test_the_case_over_2_31_elements_gives_members_several_tiles() -> None:
     (spec,) = [s for s in SPECS if s.big]
     case = resolve(spec)
@@ -209,23 +122,12 @@ def test_the_case_over_2_31_elements_gives_members_several_tiles() -> None:
 
 
 def test_a_shape_the_task_kernels_do_not_cover_is_unavailable() -> None:
-    spec = CaseSpec("bwd", Ratio(1, 1), "fp16", "silu", 4096, 1, arch="tasks")  # 512 vectors per row
-    with pytest.raises(CaseUnavailable, match="do not cover"):
-        resolve(spec)
-    tiny = profiles.limits_for("Tiny", (8, 6), 4, smem_per_sm=16 * 1024)
-    spec = CaseSpec("bwd", Ratio(1, 1), "fp16", "silu", arch="tasks")
-    with pytest.raises(CaseUnavailable, match="cannot run"):
-        tasks_bwd.resolve_task_bwd(spec, lambda t: schedule.task_model(tiny, BWD_REGISTERS, t))
+    BACKWARD.assert_unavailable_where_the_kernels_cannot_run()
 
 
 def test_resolution_is_quick_enough_for_a_sweep() -> None:
-    import time
-
-    tasks_bwd._PLANS.clear()
-    started = time.perf_counter()
-    for spec in (s for s in SPECS if s.profile == "GB10" or (s.profile is None and not s.big)):
-        resolve.__wrapped__(spec)
-    assert time.perf_counter() - started < 30  # 72 cases, cold (about 5 s here)
+    specs = [s for s in SPECS if s.profile == "GB10" or (s.profile is None and not s.big)]
+    assert helpers.seconds_to_resolve(resolve.__wrapped__, specs) < 30  # 72 cases, cold (about 5 s here)
 
 
 # ------------------------------------------------------------------ every tile in both launches
@@ -254,7 +156,7 @@ def kernel_counts(p: TaskPlan) -> tuple[list[int], int, int, int]:
 
 @pytest.mark.parametrize("scope", ["capped", "natural", "A100", "RTX4090", "GB10"])
 def test_every_tile_of_every_case_is_in_both_launches_at_every_cap(scope: str) -> None:
-    for spec in (s for s in SPECS if scope_of(s) == scope and not s.big):
+    for spec in in_scope(SPECS, scope):
         case = resolve(spec)
         for p in [scope_plan(case), *run_plans(case)]:
             written, reduced, applied, reread = kernel_counts(p)
@@ -285,14 +187,6 @@ def test_a_profile_case_limited_by_this_gpus_grid_says_so() -> None:
 
 
 # ------------------------------------------------------------------ the planted bug's reach
-def _plant_bug():
-    spec = importlib.util.spec_from_file_location("plant_bug", ROOT / "scripts" / "plant_bug.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plant_bug"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def planted_fires(case: GnCase) -> list[bool]:
     """Per run of the case on an H200 (`run_plans`): whether ``task-bwd-overflow-drop`` fires, i.e. some
     member has more than one tile of a task."""
@@ -304,7 +198,7 @@ def test_the_planted_backward_bug_fires_in_every_case_but_the_x1_cases_of_one_ti
     more than one tile. Every case outside x1 gives a member several tiles in its first run; the x1 cases
     do not, but their runs under cap 1 (and 2) do whenever a task has more than one tile: so on a GPU
     every backward task case goes red (-k bwd-tasks) except the x1 cases of one tile per task."""
-    planting = _plant_bug().PLANTINGS["task-bwd-overflow-drop"]
+    planting = helpers.plant_bug().PLANTINGS["task-bwd-overflow-drop"]
     assert "t1 - t0 > 1 && tile == t1 - 1" in planting.replacement and planting.select == "bwd-tasks"
     green = []
     for spec in (s for s in SPECS if s.profile is None or s.profile in BUILTIN):
@@ -345,9 +239,8 @@ def test_the_record_of_a_backward_launch_must_show_the_model_plan() -> None:
     case = _case()
     plan = tasks.expected_plan(case, 2, case.cap)
     assert plan.direction == "bwd" and plan.grid == case.expected_grid
-    good = {"arch": 2, "schedule": 2, "grid": plan.grid, "tiles_phase1": plan.tiles,
-            "tiles_applied": plan.tiles, "chunks_reread": plan.tiles * plan.tiling.chunks_per_tile,
-            "plan": plan}  # fmt: skip
+    good = helpers.good_record(plan)
+    assert good["chunks_reread"] == plan.tiles * plan.tiling.chunks_per_tile  # the apply reads them all
     assert tasks.record_problems(good, plan, "cap 3") == []
     for key, value in (("tiles_phase1", plan.tiles - 1), ("tiles_applied", 0), ("grid", plan.grid + 1)):
         problems = tasks.record_problems({**good, key: value}, plan, "cap 3")
@@ -374,9 +267,6 @@ def _fake_kernels(case: GnCase, monkeypatch, bug: str = "") -> list[dict]:
     flows back, a backward launch record from the model's plan for the cap in force (what the task
     backward records). `bug`: "tile-drop" moves the gradient wherever a member has several tiles of a
     task (as the planted bug does), "record" records a tile too few, "cap1" moves it under cap 1."""
-    import torch.nn.functional as F
-
-    import gn_module
     from gn_module import ops
 
     calls: list[dict] = []
@@ -386,27 +276,18 @@ def _fake_kernels(case: GnCase, monkeypatch, bug: str = "") -> list[dict]:
         assert os.environ.get("GN_ARCH") == "tasks+bwd"
         cap = ops.current_cap()
         plan = tasks.expected_plan(case, 2, cap)
-        y = F.group_norm(x.float(), num_groups, weight.float(), bias.float(), eps)
-        y = (F.silu(y) if act == "silu" else y).to(x.dtype)
+        y = helpers.torch_group_norm(x, num_groups, weight, bias, eps, act)
         calls.append({"passes": passes, "cap": cap, "poisoned": bool(ops._poison)})
 
         def on_backward(grad):
-            record["bwd"] = {"grid": plan.grid, "tiles_phase1": plan.tiles,
-                             "tiles_applied": plan.tiles - (bug == "record"), "schedule": 2, "arch": 2,
-                             "chunks_reread": schedule.task_reread_chunks(plan), "plan": plan}  # fmt: skip
+            record["bwd"] = {**helpers.good_record(plan), "tiles_applied": plan.tiles - (bug == "record")}
             moved = (bug == "tile-drop" and tasks.member_tiles(plan) > 1) or (bug == "cap1" and cap == 1)
             return grad * 2 if moved else grad
 
         y.register_hook(on_backward)
         return y
 
-    @contextlib.contextmanager
-    def launch_record():
-        record.clear()
-        yield record
-
-    monkeypatch.setattr(gn_module, "group_norm", group_norm)
-    monkeypatch.setattr(ops, "launch_record", launch_record)
+    helpers.patch_kernels(monkeypatch, group_norm, record)
     return calls
 
 
@@ -434,11 +315,7 @@ def test_the_runner_checks_a_backward_task_case_at_three_caps(monkeypatch, bug, 
     assert [(c["passes"], c["cap"]) for c in calls] == [(2, 3), (2, 1), (2, 2)]  # its cap, then 1 and 2
     assert all(c["poisoned"] for c in calls)
     assert set(result.record) == {"bwd"} and result.record["bwd"]["grid"] == case.expected_grid
-    if problem is None:
-        assert result.ok, result.problems
-    else:
-        assert not result.ok and any(problem in p for p in result.problems), result.problems
-    assert os.environ.get("GN_ARCH") is None  # restored
+    helpers.assert_outcome(result, problem)
 
 
 def test_case_context_runs_a_backward_task_case_under_tasks_bwd(monkeypatch) -> None:
