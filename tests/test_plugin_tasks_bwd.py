@@ -32,7 +32,7 @@ SCOPES = helpers.scopes(SPECS)
 
 
 def run_plans(case: GnCase) -> list[TaskPlan]:
-    """The plans of the case's runs on this GPU (`runner.task_runs`): its own cap, then the lower ones."""
+    """The plans of the case's runs on this GPU (`runner.task_runs`): its own cap, then caps 1 and 2."""
     out = []
     for _label, passes, extra in task_runs(case, case.cap):
         cap = case.cap if extra is None else extra
