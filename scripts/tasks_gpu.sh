@@ -7,7 +7,7 @@
 #   4. the plugin's task cases (`--gn-arch tasks`: forward and backward), then with the planted task-overflow-drop
 #      and task-bwd-overflow-drop bugs (must go red);
 #   5. forward and backward benchmarks of the task kernels with eager and torch.compile in the same run;
-#   6. the whole GPU suite with GN_ARCH=tasks (and its bitwise and task-backward tests with tasks+bwd);
+#   6. the whole GPU suite with GN_ARCH=tasks, then with GN_ARCH=tasks+bwd;
 #   7. the arch sweep's task cases on every profile, then with the planted bugs (must go red);
 #   8. compute-sanitizer over the task kernels;
 #   9. the task kernels' time at team sizes 1, 2, 4, ... (to calibrate schedule.choose_teams);
@@ -79,11 +79,11 @@ if ! skip 5; then
   tail_to_summary "$out/tasks_bench.log" 4
 fi
 if ! skip 6; then
-  step "6 the GPU suite with GN_ARCH=tasks, and the bitwise and task-backward tests with GN_ARCH=tasks+bwd"
+  step "6 the GPU suite with GN_ARCH=tasks, then with GN_ARCH=tasks+bwd"
   GN_ARCH=tasks python3 -m pytest tests/gpu -q -p no:randomly -p xdist -n 8 >"$out/gpu_suite_tasks.log" 2>&1 || status=1
   tail_to_summary "$out/gpu_suite_tasks.log" 2
-  GN_ARCH=tasks+bwd python3 -m pytest tests/gpu/test_kernels.py tests/gpu/test_task_backward.py -q -p no:randomly \
-    -p xdist -n 8 >"$out/gpu_suite_tasks_bwd.log" 2>&1 || status=1
+  GN_ARCH=tasks+bwd python3 -m pytest tests/gpu -q -p no:randomly -p xdist -n 8 >"$out/gpu_suite_tasks_bwd.log" 2>&1 \
+    || status=1
   tail_to_summary "$out/gpu_suite_tasks_bwd.log" 2
 fi
 
