@@ -144,10 +144,21 @@ def test_under_autocast_groupnorm_returns_what_torch_returns(autocast):
     assert seen["kept"] == [autocast] * 3
 
 
-def test_resnet50_gn_bf16_gradients_match_unswapped():
-    """Issue 14: with bf16 output under autocast, torchvision's resnet50 with GroupNorm(32) had a
-    GroupNorm gradient at cosine 0.76 to the unswapped model's; with torch's float32 output the
-    gradients agree as in fp32 up to the convolutions' bf16 rounding."""
+def _gradient_errors(g: dict, g_true: dict, names: list[str]) -> tuple[dict, float]:
+    """Per-parameter ``1 - cosine`` to the fp64 gradients for ``names``, and the whole model's."""
+    cos = torch.nn.functional.cosine_similarity
+    per = {n: 1.0 - cos(g[n].flatten().double(), g_true[n].flatten(), dim=0).item() for n in names}
+    flat = torch.cat([g[n].flatten().double() for n in g_true])
+    whole = 1.0 - cos(flat, torch.cat([g_true[n].flatten() for n in g_true]), dim=0).item()
+    return per, whole
+
+
+def test_resnet50_gn_bf16_gradients_as_close_to_fp64_as_torchs():
+    """Issue 14: with bf16 output under autocast, torchvision's resnet50 with GroupNorm(32) had a GroupNorm
+    gradient at cosine 0.76 to the unswapped model's. Two bf16 runs differ by the convolutions' rounding
+    anyway (session 6: cosine 0.86 on layer2.1.bn1.bias between torch's and ours with float32 output), so
+    both are judged against the fp64 gradients: ours may not be meaningfully further from them than
+    torch's own bf16 autocast step."""
     models = pytest.importorskip("torchvision.models")
     torch.manual_seed(0)
     ref = (
@@ -156,18 +167,26 @@ def test_resnet50_gn_bf16_gradients_match_unswapped():
     model, report = convert_groupnorm(copy.deepcopy(ref))
     assert len(report.swapped) == 53
     x = torch.randn(4, 3, 128, 128, device="cuda").contiguous(memory_format=torch.channels_last)
-    _, _, g_ref = forward_backward(ref, x, torch.bfloat16)
-    _, _, g = forward_backward(model, x, torch.bfloat16)
-    cos = {n: torch.nn.functional.cosine_similarity(g[n].flatten().float(), g_ref[n].flatten().float(), dim=0)
-           for n in g_ref}  # fmt: skip
-    norm_params = [n for n, mod in ref.named_modules() if isinstance(mod, nn.GroupNorm)]
-    gn_cos = {n: v.item() for n, v in cos.items() if n.rsplit(".", 1)[0] in norm_params}
-    assert len(gn_cos) == 106
-    worst = min(gn_cos, key=gn_cos.get)
-    assert gn_cos[worst] >= 0.99, f"worst GroupNorm gradient cosine {gn_cos[worst]:.4f} ({worst})"
-    flat = torch.cat([g[n].flatten().float() for n in g_ref])
-    flat_ref = torch.cat([g_ref[n].flatten().float() for n in g_ref])
-    assert torch.nn.functional.cosine_similarity(flat, flat_ref, dim=0).item() >= 0.999
+    _, _, g_true = forward_backward(copy.deepcopy(ref).double(), x.double(), None)
+    _, _, g_torch = forward_backward(ref, x, torch.bfloat16)
+    _, _, g_ours = forward_backward(model, x, torch.bfloat16)
+    norm_modules = {n for n, mod in ref.named_modules() if isinstance(mod, nn.GroupNorm)}
+    norm_params = [n for n in g_true if n.rsplit(".", 1)[0] in norm_modules]
+    assert len(norm_params) == 106
+    torch_err, torch_whole = _gradient_errors(g_torch, g_true, norm_params)
+    ours_err, ours_whole = _gradient_errors(g_ours, g_true, norm_params)
+    # figures only: what the opt-in costs
+    kept, _ = convert_groupnorm(copy.deepcopy(ref), autocast_output="input")
+    kept_err, kept_whole = _gradient_errors(forward_backward(kept, x, torch.bfloat16)[2], g_true, norm_params)
+    worst = max(ours_err, key=ours_err.get)
+    figures = (
+        f"1 - cosine to fp64: worst GroupNorm parameter ours {ours_err[worst]:.4f} ({worst}), torch's worst "
+        f"{max(torch_err.values()):.4f}, autocast_output='input' {max(kept_err.values()):.4f}; "
+        f"whole model ours {ours_whole:.2e}, torch {torch_whole:.2e}, opt-in {kept_whole:.2e}"
+    )
+    print(figures)
+    assert ours_err[worst] <= 1.5 * max(torch_err.values()) + 0.01, figures
+    assert ours_whole <= 1.5 * torch_whole + 1e-4, figures
 
 
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "autocast-bf16"])
