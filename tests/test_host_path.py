@@ -744,11 +744,11 @@ def test_a_replacing_cap_sets_the_outer_ones_aside(monkeypatch):
 
 
 def test_env_settings_are_read_on_every_call(monkeypatch):
-    assert ops.current_cap() is None and ops.current_arch() == ops.DEFAULT_ARCH == "tasks"
+    assert ops.current_cap() is None and ops.current_arch() == ops.DEFAULT_ARCH == "tasks+bwd"
     monkeypatch.setenv(ops.ENV_CAP, "4")
     assert ops.current_cap() == 4
     with ops.max_resident_blocks(2):
-        assert ops.current_cap() == 2 and ops._settings() == (2, "tasks")
+        assert ops.current_cap() == 2 and ops._settings() == (2, ops.DEFAULT_ARCH)
     with ops.max_resident_blocks(9):
         assert ops.current_cap() == 4
     monkeypatch.setenv(ops.ENV_CAP, " 6 ")
@@ -767,7 +767,8 @@ def test_env_settings_are_read_on_every_call(monkeypatch):
     for _ in range(2):
         with pytest.raises(ValueError, match="GN_ARCH must be one of"):
             ops.current_arch()
-    for raw, arch in ((" tasks ", "tasks"), ("", "tasks"), ("tiles", "tiles"), ("tasks+bwd", "tasks+bwd")):
+    values = ((" tasks ", "tasks"), ("", ops.DEFAULT_ARCH), ("tiles", "tiles"), ("tasks+bwd", "tasks+bwd"))
+    for raw, arch in values:
         monkeypatch.setenv(ops.ENV_ARCH, raw)
         assert ops.current_arch() == arch and ops._settings() == (None, arch)
     monkeypatch.setattr(os, "environ", {ops.ENV_CAP: "7", ops.ENV_ARCH: "tasks"})

@@ -21,14 +21,13 @@ from gn_module import _abi, build, schedule
 from gn_module.schedule import KernelResources, Plan, Tiling
 
 ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
-#: Kernel architecture: "tasks" (the default: the forward on csrc/gn_tasks.cuh, per-task tiles kept
-#: in shared memory, the backward on the tile kernels), "tiles" (tile partials + reduction levels
-#: for both; the default until the GPU suite, the sweep's task cases and the sanitizers passed on the
-#: task forward) or "tasks+bwd" (the backward on the task kernels too: opt-in until the plugin's
-#: overflow cases cover it).
+#: Kernel architecture: "tasks+bwd" (the default: forward and backward on csrc/gn_tasks.cuh, per-task
+#: tiles held in shared memory, persistent teams), "tasks" (the task forward, the backward on the tile
+#: kernels: the default from 23c9d03 until the task backward passed the GPU suite, its plugin and sweep
+#: overflow cases and the sanitizers in session 6) or "tiles" (tile partials + reduction levels for both).
 ENV_ARCH = "GN_ARCH"
 ARCHS = ("tiles", "tasks", "tasks+bwd")
-DEFAULT_ARCH = "tasks"
+DEFAULT_ARCH = "tasks+bwd"
 
 # Caps and variants are process-wide (not thread-local): autograd runs backward on its own thread.
 _settings_lock = threading.Lock()
