@@ -33,7 +33,7 @@ typedef struct GnArgs {
   int32_t w_dtype;  // dtype code of weight and bias
   int32_t vec;      // channels per thread access
   int32_t cols_threads, col_chunks, rows_threads;
-  int32_t act;      // 0 none, 1 silu
+  int32_t act;      // 0 none, 1 silu, 2 relu, 3 gelu (erf), 4 gelu (tanh): gn_kernels.cuh ActCode
   float eps;
   int32_t schedule;  // 1 one-pass (cooperative), 2 two-pass
   int32_t grid;      // one-pass grid

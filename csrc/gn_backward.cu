@@ -114,8 +114,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
         sm.coef[gl] = make_float2(q.x / count, q.y / count);
       }
       __syncthreads();
-      reread += a.act == 1 ? member_bwd_apply<T, V, true>(a, task, t0, t1, sm)  // (each ends with a barrier)
-                           : member_bwd_apply<T, V, false>(a, task, t0, t1, sm);
+      reread += with_act(a.act, [&](auto act) {  // (each ends with a barrier)
+        return member_bwd_apply<T, V, decltype(act)::value>(a, task, t0, t1, sm);
+      });
       tiles_done += t1 - t0;
     }
   }

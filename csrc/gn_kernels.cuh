@@ -84,6 +84,84 @@ __device__ __forceinline__ float load_param(const void* p, int dtype, int64_t c,
 // reciprocal's range check serialised SiLU); 1 + exp(-z) overflowing to inf gives 0, the limit.
 __device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }
 
+// ---------------------------------------------------------------- fused activations
+// GnArgs.act (gn_module._abi.ACT_CODES): the activation applied to z = xhat * w + b.
+enum ActCode : int { kActNone = 0, kActSilu = 1, kActRelu = 2, kActGelu = 3, kActGeluTanh = 4 };
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // the standard normal density at 0
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+constexpr float kGeluCubic = 0.044715f;               // tanh GELU: tanh(sqrt(2/pi) (z + 0.044715 z^3))
+
+// act(z). SiLU as z / (1 + exp(-z)) with the fast division (exp(-z) overflowing to inf gives -0, the
+// limit); the GELUs with the precise erf / tanh, as the fp64 reference is tight in float32.
+template <int kAct>
+__device__ __forceinline__ float activate(float z) {
+  if constexpr (kAct == kActSilu) {
+    return __fdividef(z, 1.f + __expf(-z));
+  } else if constexpr (kAct == kActRelu) {
+    return fmaxf(z, 0.f);
+  } else if constexpr (kAct == kActGelu) {
+    return 0.5f * z * (1.f + erff(z * kInvSqrt2));
+  } else if constexpr (kAct == kActGeluTanh) {
+    return 0.5f * z * (1.f + tanhf(kSqrt2OverPi * fmaf(kGeluCubic * z, z * z, z)));
+  } else {
+    return z;
+  }
+}
+
+// dy * act'(z): the loss gradient of z given the gradient dy of act(z). ReLU passes dy where z > 0
+// (torch's threshold: 0 at z = 0).
+template <int kAct>
+__device__ __forceinline__ float through_act(float dy, float z) {
+  if constexpr (kAct == kActSilu) {
+    const float s = sigmoid(z);
+    return dy * s * fmaf(z, 1.f - s, 1.f);
+  } else if constexpr (kAct == kActRelu) {
+    return z > 0.f ? dy : 0.f;
+  } else if constexpr (kAct == kActGelu) {
+    const float cdf = 0.5f * (1.f + erff(z * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * expf(-0.5f * z * z);
+    return dy * fmaf(z, pdf, cdf);
+  } else if constexpr (kAct == kActGeluTanh) {
+    const float z2 = z * z;
+    const float t = tanhf(kSqrt2OverPi * fmaf(kGeluCubic * z, z2, z));
+    const float dinner = kSqrt2OverPi * fmaf(3.f * kGeluCubic, z2, 1.f);
+    return dy * (0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * dinner);
+  } else {
+    return dy;
+  }
+}
+
+// The GELUs' erf / tanh take many registers per element: their row loops are not unrolled, so
+// they do not raise the register count (and lower the occupancy) of the kernels every act shares.
+template <int kAct>
+__host__ __device__ constexpr int act_row_unroll(int light) {
+  return kAct == kActGelu || kAct == kActGeluTanh ? 1 : light;
+}
+
+template <int K>
+struct ActTag {
+  static constexpr int value = K;
+};
+
+// f(ActTag<code>{}) for the runtime code `act`: the activation becomes a template parameter once
+// per chunk or row range, so the element loops have no branches.
+template <typename F>
+__device__ __forceinline__ auto with_act(int act, F&& f) {
+  switch (act) {
+    case kActSilu:
+      return f(ActTag<kActSilu>{});
+    case kActRelu:
+      return f(ActTag<kActRelu>{});
+    case kActGelu:
+      return f(ActTag<kActGelu>{});
+    case kActGeluTanh:
+      return f(ActTag<kActGeluTanh>{});
+    default:
+      return f(ActTag<kActNone>{});
+  }
+}
+
 // ---------------------------------------------------------------- tile geometry
 struct Tile {
   int64_t n, t, row0, rows;
@@ -349,28 +427,29 @@ __device__ void fwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep) 
       beta[v] = load_param(a.bias, a.w_dtype, c, 0.f);
     }
     Pack<T, V> buf[U];
-    rows_in_batches<U>(
-        lane.row, tile.rows, a.rows_threads,
-        [&](int64_t r, int u) {
-          const int64_t off = r * a.c + j * V;
-          buf[u] = keep != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep + off) : load_pack<T, V>(x + off);
-        },
-        [&](int64_t r, int u) {
-          Pack<T, V> q;
+    with_act(a.act, [&](auto act) {
+      rows_in_batches<U>(
+          lane.row, tile.rows, a.rows_threads,
+          [&](int64_t r, int u) {
+            const int64_t off = r * a.c + j * V;
+            buf[u] = keep != nullptr ? *reinterpret_cast<const Pack<T, V>*>(keep + off) : load_pack<T, V>(x + off);
+          },
+          [&](int64_t r, int u) {
+            Pack<T, V> q;
 #pragma unroll
-          for (int v = 0; v < V; ++v) {
-            float z = fmaf(to_float(buf[u].v[v]) - mean[v], scale[v], beta[v]);
-            if (a.act == 1) z *= sigmoid(z);
-            q.v[v] = from_float<T>(z);
-          }
-          store_pack_streaming<T, V>(y + r * a.c + j * V, q);
-        });
+            for (int v = 0; v < V; ++v) {
+              const float z = fmaf(to_float(buf[u].v[v]) - mean[v], scale[v], beta[v]);
+              q.v[v] = from_float<T>(activate<decltype(act)::value>(z));
+            }
+            store_pack_streaming<T, V>(y + r * a.c + j * V, q);
+          });
+    });
   }
 }
 
 // ---------------------------------------------------------------- backward phases
 // Per channel, what the loss gradient dz of the normalized output z = xhat*gamma + beta is
-// (through SiLU when fused), and the two sums every reduction needs: dz*xhat and dz.
+// (through the fused activation), and the two sums every reduction needs: dz*xhat and dz.
 struct ChannelCoef {
   float mean, rstd, gamma, beta;
 };
@@ -390,11 +469,11 @@ __device__ __forceinline__ void load_coefs(const GnArgs& a, int64_t n, int64_t c
   }
 }
 
+// (A warp-uniform switch per element: the tile kernels are no longer the default.)
 __device__ __forceinline__ float grad_z(const GnArgs& a, float dy, float xhat, const ChannelCoef& k) {
-  if (a.act != 1) return dy;
+  if (a.act == kActNone) return dy;
   const float z = fmaf(xhat, k.gamma, k.beta);
-  const float s = sigmoid(z);
-  return dy * s * fmaf(z, 1.f - s, 1.f);
+  return with_act(a.act, [&](auto act) { return through_act<decltype(act)::value>(dy, z); });
 }
 
 template <typename T, int V, int U>

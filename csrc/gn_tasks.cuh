@@ -550,23 +550,20 @@ struct ApplyCoefs {
 };
 
 // y = act((x - mean) * scale + beta) for this thread's rows of one chunk held in shared memory.
-// SiLU as z / (1 + exp(-z)) with the fast division: no slow-path branch per element (exp(-z)
-// overflowing to inf gives -0, the limit).
-template <typename T, int V, bool kSilu>
+template <typename T, int V, int kAct>
 __device__ __forceinline__ void apply_rows(const T* s, int sstep, T* y, int64_t ystep, int rows_threads, int limit,
                                            const ApplyCoefs<V>& k_) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
-#pragma unroll
+#pragma unroll act_row_unroll<kAct>(R)
   for (int k = 0; k < R; ++k, r += rows_threads, s += sstep, y += ystep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
       Pack<T, V> o;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        float z = fmaf(to_float(x.v[v]) - k_.mean[v], k_.scale[v], k_.beta[v]);
-        if constexpr (kSilu) z = __fdividef(z, 1.f + __expf(-z));
-        o.v[v] = from_float<T>(z);
+        const float z = fmaf(to_float(x.v[v]) - k_.mean[v], k_.scale[v], k_.beta[v]);
+        o.v[v] = from_float<T>(activate<kAct>(z));
       }
       store_pack_streaming<T, V>(y, o);
     }
@@ -629,11 +626,7 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     T* y = out + tc.offset(q);
     const int limit = tc.limit(q);
     // the activation is chosen once per chunk, so the row loop has no branches
-    if (a.act == 1) {
-      apply_rows<T, V, true>(s, sstep, y, gstep, rt, limit, coefs);
-    } else {
-      apply_rows<T, V, false>(s, sstep, y, gstep, rt, limit, coefs);
-    }
+    with_act(a.act, [&](auto act) { apply_rows<T, V, decltype(act)::value>(s, sstep, y, gstep, rt, limit, coefs); });
   });
   __syncthreads();  // sm.grp and sm.param are rewritten for the next task
   return reread;
@@ -673,24 +666,22 @@ struct BwdCoefs {
   }
 };
 
-template <bool kSilu>
+template <int kAct>
 __device__ __forceinline__ float grad_of_z(float dy, float xhat, float w, float b) {
-  if constexpr (!kSilu) {
+  if constexpr (kAct == kActNone) {
     return dy;
   } else {
-    const float z = fmaf(xhat, w, b);
-    const float s = sigmoid(z);
-    return dy * s * fmaf(z, 1.f - s, 1.f);
+    return through_act<kAct>(dy, fmaf(xhat, w, b));
   }
 }
 
 // (s1, s2) += (dz, dz * xhat) over this thread's rows of one chunk (x and dy slots), in row order.
-template <typename T, int V, bool kSilu>
+template <typename T, int V, int kAct>
 __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const T* sd, int sstep, int rows_threads, int limit,
                                                     const BwdCoefs<V>& k, float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
-#pragma unroll 4  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
+#pragma unroll act_row_unroll<kAct>(4)  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
@@ -698,7 +689,7 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const T* sd, in
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const float xhat = (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
-        const float dz = grad_of_z<kSilu>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
+        const float dz = grad_of_z<kAct>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
         s1[v] += dz;
         s2[v] = fmaf(dz, xhat, s2[v]);
       }
@@ -743,11 +734,9 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
       [&](int q, int slot) {
         if (lane.active) {
           const T* s = mine + slot * sm.slot_elems;
-          if (a.act == 1) {
-            accumulate_rows_bwd<T, V, true>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
-          } else {
-            accumulate_rows_bwd<T, V, false>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
-          }
+          with_act(a.act, [&](auto act) {
+            accumulate_rows_bwd<T, V, decltype(act)::value>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
+          });
         }
         if (++in_tile == cpt) {
           fold_channels<T, V>(a, lane, sm, s1, s2);
@@ -819,13 +808,13 @@ __device__ void bwd_combine_task(const GnArgs& a, int64_t task, const TaskSmem<T
 }
 
 // dx = rstd * (w * dz - (A + xhat * B) / M) for this thread's rows of one chunk pair.
-template <typename T, int V, bool kSilu>
+template <typename T, int V, int kAct>
 __device__ __forceinline__ void apply_rows_bwd(const T* sx, const T* sd, int sstep, T* out, int64_t ystep,
                                                int rows_threads, int limit, const BwdCoefs<V>& k,
                                                const float (&ka)[V], const float (&kb)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
-#pragma unroll 2  // (six coefficient arrays live: more rows at once spilled on sm_100 / sm_120)
+#pragma unroll act_row_unroll<kAct>(2)  // (six coefficient arrays live: more rows at once spilled on sm_100 / sm_120)
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep, out += ystep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
@@ -834,7 +823,7 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const T* sd, int sst
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const float xhat = (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
-        const float dz = grad_of_z<kSilu>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
+        const float dz = grad_of_z<kAct>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
         o.v[v] = from_float<T>(k.rstd[v] * (dz * k.w[v] - fmaf(xhat, kb[v], ka[v])));
       }
       store_pack_streaming<T, V>(out, o);
@@ -845,7 +834,7 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const T* sd, int sst
 // Writes dx for the tiles [t0, t1) of `task`, chunk pairs read again in reverse order through the
 // ring (the activation a template parameter: one set of live coefficients per instantiation). sm.grp, sm.param and sm.coef (per group (A / M, B / M)) hold the task's values (visible).
 // Returns the number of chunks read.
-template <typename T, int V, bool kSilu>
+template <typename T, int V, int kAct>
 __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
@@ -884,7 +873,7 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   const int reads = walk_ring_backwards(chunks, slots, read_into, [&](int q, int slot) {
     if (!lane.active) return;
     const T* s = mine + slot * sm.slot_elems;
-    apply_rows_bwd<T, V, kSilu>(s, s + sm.tensor_elems, sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);
+    apply_rows_bwd<T, V, kAct>(s, s + sm.tensor_elems, sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);
   });
   __syncthreads();  // sm.* are rewritten for the next task
   return reads;

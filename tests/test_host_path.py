@@ -105,7 +105,7 @@ DECLINED = {
     "C % G": lambda x, w, b: (x, 3, w, b, 1e-5, None, "auto"),
     "int eps": lambda x, w, b: (x, 32, w, b, 0, None, "auto"),
     "tensor eps": lambda x, w, b: (x, 32, w, b, torch.tensor(1e-5), None, "auto"),
-    "act relu": lambda x, w, b: (x, 32, w, b, 1e-5, "relu", "auto"),
+    "act tanh": lambda x, w, b: (x, 32, w, b, 1e-5, "tanh", "auto"),
     "passes 3": lambda x, w, b: (x, 32, w, b, 1e-5, None, 3),
     "passes True": lambda x, w, b: (x, 32, w, b, 1e-5, None, True),
     "passes '1'": lambda x, w, b: (x, 32, w, b, 1e-5, None, "1"),
@@ -130,6 +130,14 @@ DECLINED = {
 def test_fast_route_declines_everything_else(stub, name):
     x = cl()
     assert _fast_route(*DECLINED[name](x, *params())) is None
+
+
+def test_fast_route_sends_every_fused_act_as_its_kernel_code(stub):
+    x = cl()
+    for act in functional.ACTS:
+        assert _fast_route(x, 32, *params(), 1e-5, act, "auto") == (_abi.ACT_CODES[act], 0)
+    assert sorted(set(_abi.ACT_CODES.values())) == [0, 1, 2, 3, 4]  # csrc/gn_kernels.cuh ActCode
+    assert _abi.ACT_CODES["identity"] == _abi.ACT_CODES[None]
 
 
 def test_fast_route_declines_off_the_device_and_while_compiling(monkeypatch):

@@ -11,7 +11,8 @@ import struct
 MAX_LEVELS = 8
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 DIRECTION_CODES = {"fwd": 0, "bwd": 1}
-ACT_CODES = {None: 0, "silu": 1}
+#: gn_module.functional.ACTS -> GnArgs.act ("identity" is no activation, as None)
+ACT_CODES = {None: 0, "identity": 0, "silu": 1, "relu": 2, "gelu": 3, "gelu_tanh": 4}
 # Kernel kinds of gn_kernel_attributes (csrc/gn_launch.h, enum KernelKind).
 KERNEL_KINDS = {
     "fwd_tiles": 0,

@@ -11,7 +11,12 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-ACTS = (None, "silu")
+from gn_module import _abi
+
+#: The fused activations: None and "identity" (the same: no activation), "silu", "relu", "gelu"
+#: (erf, torch's default ``F.gelu``) and "gelu_tanh" (``F.gelu(approximate="tanh")``). Their kernel
+#: codes are `gn_module._abi.ACT_CODES`; `apply_act` is their definition off the kernels.
+ACTS = (None, "identity", "silu", "relu", "gelu", "gelu_tanh")
 FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 Passes = Literal["auto", 1, 2]
@@ -177,6 +182,7 @@ def check_args(
 
 
 _FAST_DTYPE_SET = frozenset(FAST_DTYPES)
+_ACT_CODES = _abi.ACT_CODES
 _PARAM_TYPES = (torch.Tensor, torch.nn.Parameter)
 # Whether a tensor is on the device our kernels run on (CUDA); one attribute read. The CPU tests and
 # scripts/host_overhead.py --cpu point it at CPU tensors to run the fast route without a GPU.
@@ -221,7 +227,22 @@ def native_group_norm(
         y = F.group_norm(x.to(param.dtype), num_groups, weight, bias, eps).to(x.dtype)
     else:
         y = F.group_norm(x, num_groups, weight, bias, eps)
-    return F.silu(y) if act == "silu" else y
+    return apply_act(y, act)
+
+
+def apply_act(y: torch.Tensor, act: str | None) -> torch.Tensor:
+    """``act`` (one of `ACTS`) applied to ``y`` with torch's own functions."""
+    if act is None or act == "identity":
+        return y
+    if act == "silu":
+        return F.silu(y)
+    if act == "relu":
+        return F.relu(y)
+    if act == "gelu":
+        return F.gelu(y)
+    if act == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    raise ValueError(f"unsupported act {act!r}; expected one of {ACTS}")
 
 
 def _fast_route(
@@ -248,8 +269,10 @@ def _fast_route(
         return None
     if act is None:
         act_code = 0
-    elif type(act) is str and act == "silu":
-        act_code = 1
+    elif type(act) is str:
+        act_code = _ACT_CODES.get(act, -1)
+        if act_code < 0:
+            return None
     else:
         return None
     if type(passes) is str and passes == "auto":

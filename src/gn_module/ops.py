@@ -895,8 +895,8 @@ def _backward_lean(
     return dx, dw, db
 
 
-_ACTS = {0: None, 1: "silu"}
-_ACT_IDS = {None: 0, "silu": 1}
+_ACTS = {code: name for name, code in _abi.ACT_CODES.items() if name != "identity"}
+_ACT_IDS = _abi.ACT_CODES
 _PASSES = {"auto": 0, 1: 1, 2: 2}
 
 
