@@ -1,6 +1,8 @@
 """Per-call GPU time of the task forward (GN_ARCH=tasks): single calls vs back-to-back calls, for ncu.
 
 python scripts/profile_tasks.py [--once]     # --once: one call per shape (under ncu)
+python scripts/profile_tasks.py --trace      # the one-pass forward's phases per block
+python scripts/profile_tasks.py --trace-bwd  # the task backward's phases per block and its launches' times
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import sys
 
 import torch
 
-os.environ.setdefault("GN_ARCH", "tasks")
+os.environ.setdefault("GN_ARCH", "tasks+bwd")  # the default: task forward and backward
 import gn_module
 
 SHAPES = [
@@ -81,7 +83,66 @@ def trace_all() -> int:
     return 0
 
 
+#: Task backward trace points (csrc/gn_backward.cu): the stats launch's 0-5, the apply launch's 8-10 and 15.
+BWD_PHASES = (
+    ("stats launch: parameters in", 0, 1),
+    ("stats launch: x, dy reduced", 1, 2),
+    ("stats launch: arrive", 2, 3),
+    ("stats launch: last member's combine", 3, 4),
+    ("stats launch: whole block", 0, 5),
+    ("apply launch: coefficients in", 8, 9),
+    ("apply launch: dx written", 9, 10),
+    ("apply launch: whole block", 8, 15),
+)
+
+
+def trace_backward() -> int:
+    """Per block, the task backward's phases on its first task (median / max over blocks, us), then the
+    device time of each of its two launches (torch.profiler, median of 10 calls); x and dy from DRAM."""
+    from gn_module import ops
+
+    props = torch.cuda.get_device_properties(0)
+    ghz = props.clock_rate / 1e6 if hasattr(props, "clock_rate") else 1.98
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for shape, groups, act in SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        x.requires_grad_(True)
+        w = torch.randn(shape[1], device="cuda", dtype=torch.float16, requires_grad=True)
+        b = torch.randn(shape[1], device="cuda", dtype=torch.float16, requires_grad=True)
+        dy = torch.randn_like(x)
+        plan = ops.plan(x.shape, groups, x.dtype, "bwd")
+        y = gn_module.group_norm(x, groups, w, b, 1e-5, act)
+        torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)  # warm up, build
+        flush.zero_()
+        with ops.phase_trace(plan.grid) as trace:
+            torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
+            torch.cuda.synchronize()
+        t = trace.cpu()
+        print(f"{'x'.join(map(str, shape))} backward grid {plan.grid} {plan.teams} (us at {ghz:.2f} GHz)")
+        for name, a, z in BWD_PHASES:
+            ok = (t[:, a] >= 0) & (t[:, z] >= 0)
+            if ok.any():
+                d = (t[ok, z] - t[ok, a]).double() / (ghz * 1e3)
+                med, most, blocks = d.median().item(), d.max().item(), int(ok.sum())
+                print(f"  {name:38} {med:8.2f} / {most:8.2f}  ({blocks} blocks)")
+        launches: dict[str, list[float]] = {}
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                flush.zero_()
+                torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
+            torch.cuda.synchronize()
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA and "bwd_task" in e.name:
+                launches.setdefault(e.name.split("<")[0].split("(")[0], []).append(e.device_time)
+        for name, times in sorted(launches.items()):
+            times.sort()
+            print(f"  kernel {name:31} {times[len(times) // 2]:8.2f} us (median of {len(times)})")
+    return 0
+
+
 def main() -> int:
+    if "--trace-bwd" in sys.argv:
+        return trace_backward()
     if "--trace" in sys.argv:
         return trace_all()
     once = "--once" in sys.argv

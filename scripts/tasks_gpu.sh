@@ -11,7 +11,8 @@
 #   7. the arch sweep's task cases on every profile, then with the planted bugs (must go red);
 #   8. compute-sanitizer over the task kernels;
 #   9. the task kernels' time at team sizes 1, 2, 4, ... (to calibrate schedule.choose_teams);
-#  10. host time per call (no-grad and training step, ours and torch's).
+#  10. host time per call (no-grad and training step, ours and torch's);
+#  11. the task backward's phases per block and its two launches' device times (profile_tasks.py --trace-bwd).
 #   bash scripts/tasks_gpu.sh OUTDIR
 # Set TASKS_GPU_SKIP="3 5" (step numbers) to leave steps out; "4f" / "7f" leave out only the planted forward
 # bug's runs of steps 4 / 7 (the forward's planted runs passed in session 5). Exit 1 when a step that must pass fails,
@@ -122,5 +123,10 @@ if ! skip 10; then
   step "10 host time per call, no-grad and training step (scripts/host_overhead.py)"
   python3 scripts/host_overhead.py --json "$out/host.json" >"$out/host.log" 2>&1 || status=1
   tail_to_summary "$out/host.log" 30
+fi
+if ! skip 11; then
+  step "11 the task backward's phases (scripts/profile_tasks.py --trace-bwd), fp16"
+  python3 scripts/profile_tasks.py --trace-bwd >"$out/trace_bwd.log" 2>&1 || status=1
+  tail_to_summary "$out/trace_bwd.log" 60
 fi
 exit $status
