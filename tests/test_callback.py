@@ -238,6 +238,10 @@ def test_bad_option_types_name_the_parameter():
             GNSwapCallback(**{flag: 1})
     with pytest.raises(ValueError, match=r"GNSwapCallback\(\): autocast_output must be one of"):
         GNSwapCallback(autocast_output="fp32")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"GNSwapCallback\(\): fuse_acts must be True, False, or names"):
+        GNSwapCallback(fuse_acts=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"GNSwapCallback\(\): fuse_acts must be .* got 'mish'"):
+        GNSwapCallback(fuse_acts=("relu", "mish"))
     assert GNSwapCallback(autocast_output="input").convert_kwargs["autocast_output"] == "input"
 
 
@@ -329,3 +333,16 @@ def test_cpu_fit_with_frozen_first_conv_does_not_crash(tmp_path):
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "fit ok" in proc.stdout
+
+
+def test_fuse_acts_reaches_convert_and_may_be_a_generator(tmp_path):
+    callback = GNSwapCallback(fuse_acts=("relu", "gelu"))  # SiLU not among them
+    model = Net()
+    trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
+    assert callback.report.swapped == ["body.1"] and callback.report.fused == []
+    assert type(model.body[2]) is nn.SiLU and model.body[1].act is None
+    callback = GNSwapCallback(fuse_acts=(a for a in ["silu"]))  # consumed once, kept as a tuple
+    assert callback.convert_kwargs["fuse_acts"] == ("silu",)
+    model = Net()
+    trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
+    assert callback.report.fused == ["body.1"] and isinstance(model.body[2], SiLUSlot)

@@ -1,4 +1,5 @@
-"""convert_groupnorm(fuse_calls=True): GroupNorm -> SiLU called inside forward, fused via torch.fx (CPU)."""
+"""convert_groupnorm(fuse_calls=True): GroupNorm -> activation called inside forward, fused via torch.fx
+(CPU)."""
 
 from __future__ import annotations
 
@@ -16,26 +17,37 @@ from gn_module.callback import GNSwapCallback
 from gn_module.convert import convert_groupnorm, revert_groupnorm
 from gn_module.fx_fusion import FusedForward
 
+#: diffusers' get_activation names -> (module, functional form) of the block's nonlinearity.
+ACT_FNS = {"silu": (nn.SiLU, F.silu), "relu": (nn.ReLU, F.relu), "gelu": (nn.GELU, F.gelu)}
+
 
 class ResnetBlock2D(nn.Module):
-    """diffusers' ResnetBlock2D, reduced: the nonlinearity is one nn.SiLU reused (or F.silu)."""
+    """diffusers' ResnetBlock2D, reduced: the nonlinearity is one module reused (nn.SiLU by default,
+    diffusers' ``resnet_act_fn``), or its functional form (F.silu...)."""
 
     def __init__(
-        self, cin: int, cout: int, temb: int | None = 16, functional: bool = False, dropout: float = 0.0
+        self,
+        cin: int,
+        cout: int,
+        temb: int | None = 16,
+        functional: bool = False,
+        dropout: float = 0.0,
+        act_fn: str = "silu",
     ) -> None:
         super().__init__()
         self.functional = functional
+        self.act_function = ACT_FNS[act_fn][1]
         self.norm1 = nn.GroupNorm(4, cin)
         self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
         self.time_emb_proj = nn.Linear(temb, cout) if temb is not None else None
         self.norm2 = nn.GroupNorm(4, cout)
         self.dropout = nn.Dropout(dropout)
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
-        self.nonlinearity = nn.SiLU()
+        self.nonlinearity = ACT_FNS[act_fn][0]()
         self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
-        return F.silu(x) if self.functional else self.nonlinearity(x)
+        return self.act_function(x) if self.functional else self.nonlinearity(x)
 
     def forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args, **kwargs) -> torch.Tensor:
         if len(args) > 0 or kwargs.get("scale") is not None:
@@ -158,20 +170,25 @@ def converted_unet(**kwargs: object):
     return ref, model, report, params
 
 
-@pytest.mark.parametrize("functional", [False, True], ids=["nn.SiLU", "F.silu"])
-def test_resnet_block_fuses_both_norms(functional: bool):
-    block = randomize(ResnetBlock2D(8, 16, functional=functional))
+@pytest.mark.parametrize("act_fn", list(ACT_FNS))
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+def test_resnet_block_fuses_both_norms(functional: bool, act_fn: str):
+    block = randomize(ResnetBlock2D(8, 16, functional=functional, act_fn=act_fn))
     ref = copy.deepcopy(block)
     block, report = convert_groupnorm(block, fuse_calls=True)
     assert report.fused == ["norm1", "norm2"] and report.rewritten == [""]
     assert report.summary() == {"swapped": 2, "fused": 2, "already": 0, "skipped": 0}
-    assert block.norm1.act == "silu" and block.norm2.act == "silu"
-    assert isinstance(vars(block)["forward"], FusedForward)
-    # The SiLU on the time embedding stays: only the two after a GroupNorm went.
-    silu_calls = block.forward.code.count("self.nonlinearity(" if not functional else "silu(")
-    assert silu_calls == 1
+    assert block.norm1.act == act_fn and block.norm2.act == act_fn
+    assert isinstance(vars(block)["forward"], FusedForward) and block.forward.acts == (act_fn, act_fn)
+    # The activation on the time embedding stays: only the two after a GroupNorm went.
+    calls = block.forward.code.count("self.nonlinearity(" if not functional else f"{act_fn}(")
+    assert calls == 1
     x, temb = torch.randn(2, 8, 5, 5), torch.randn(2, 16)
-    torch.testing.assert_close(block(x, temb), ref(x, temb))
+    torch.testing.assert_close(block(x, temb), ref(x, temb), rtol=0, atol=0)  # torch's ops on CPU
+    block, report = revert_groupnorm(block)
+    assert report.fused == ["norm1", "norm2"] and "forward" not in vars(block)
+    assert type(block.norm1) is nn.GroupNorm and type(block.nonlinearity) is type(ref.nonlinearity)
+    torch.testing.assert_close(block(x, temb), ref(x, temb), rtol=0, atol=0)
 
 
 def test_unet_counts_outputs_and_gradients():
@@ -179,7 +196,7 @@ def test_unet_counts_outputs_and_gradients():
     assert sorted(report.fused) == FUSED_UNET  # 2 per resnet block + conv_norm_out/conv_act
     assert sorted(report.rewritten) == ["", "down.0", "down.1", "down.2"]
     assert report.summary()["swapped"] == 9
-    assert "forward not traced for SiLU fusion (TraceError" in report.skipped["odd"]
+    assert "forward not traced for activation fusion (TraceError" in report.skipped["odd"]
     assert model.attn.group_norm.act is None and "forward" not in vars(model.attn)  # no SiLU after it
     assert model.odd.norm.act is None and "forward" not in vars(model.odd)  # left working, unfused
     assert "swapped 9, fused 7, already 0, skipped 1, forwards rewritten 4" in str(report)
@@ -423,14 +440,21 @@ def test_in_place_conversion_and_revert():
 
 
 def test_option_checks():
-    with pytest.raises(ValueError, match="fuse_silu=False"):
-        convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_calls=True)
+    with pytest.raises(ValueError, match="fuse_calls=True fuses activations, but fuse_acts leaves none"):
+        convert_groupnorm(TinyUNet(), fuse_acts=False, fuse_calls=True)
+    with pytest.raises(ValueError, match="fuse_silu=False and fuse_acts leave none"):
+        convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_acts="silu", fuse_calls=True)
     with pytest.raises(TypeError, match="fuse_calls must be True or False"):
         convert_groupnorm(TinyUNet(), fuse_calls="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"GNSwapCallback\(\): fuse_calls must be True or False"):
         GNSwapCallback(fuse_calls=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"GNSwapCallback\(\): fuse_calls=True"):
-        GNSwapCallback(fuse_silu=False, fuse_calls=True)
+        GNSwapCallback(fuse_acts=(), fuse_calls=True)
+    with pytest.raises(ValueError, match=r"GNSwapCallback\(\): fuse_acts must be"):
+        GNSwapCallback(fuse_acts=["swish"])
+    # fuse_silu=False leaves ReLU and GELU to fuse: the UNet's SiLU calls stay as they are.
+    _, report = convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_calls=True)
+    assert report.fused == [] and report.rewritten == [] and len(report.swapped) == 9
 
 
 def test_callback_passes_fuse_calls(tmp_path):
@@ -499,3 +523,122 @@ def test_forward_with_type_tests_is_not_traced() -> None:
     x = torch.randn(2, 4, 3, 3)
     for t in (torch.tensor([3.0, 5.0]), 4):  # both branches still work
         torch.testing.assert_close(model(x, t), ref(x, t))
+
+
+class EveryCall(nn.Module):
+    """One GroupNorm per way of calling an activation on its output."""
+
+    def __init__(self, c: int = 4) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList([nn.GroupNorm(2, c) for _ in range(len(EVERY_CALL))])
+        self.gelu = nn.GELU()
+        self.gelu_tanh = nn.GELU(approximate="tanh")
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.norms
+        h = F.relu(n[0](x), inplace=True)
+        h = torch.relu(n[1](h)) + x
+        h = n[2](h).relu_()
+        h = n[3](h).relu() - x
+        h = F.relu_(n[4](h))
+        h = F.gelu(n[5](h), approximate="tanh")
+        h = F.gelu(n[6](h)) * 2
+        h = self.gelu(n[7](h))
+        h = self.gelu_tanh(n[8](h))
+        h = self.relu(n[9](h)) + x
+        h = F.silu(n[10](h))
+        return F.gelu(n[11](h), approximate="none")
+
+
+#: (act, how the skipped key names the call) of each of EveryCall's norms, in order.
+EVERY_CALL = [
+    ("relu", "F.relu"), ("relu", "torch.relu"), ("relu", "Tensor.relu_"), ("relu", "Tensor.relu"),
+    ("relu", "torch.relu_"), ("gelu_tanh", "F.gelu"), ("gelu", "F.gelu"), ("gelu", "gelu"),
+    ("gelu_tanh", "gelu_tanh"), ("relu", "relu"), ("silu", "F.silu"), ("gelu", "F.gelu"),
+]  # fmt: skip
+
+
+def test_every_activation_call_fuses_outputs_gradients_and_revert_are_bitwise():
+    model = randomize(EveryCall())
+    ref = copy.deepcopy(model)
+    originals = dict(model.named_modules())
+    model, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.fused == [f"norms.{i}" for i in range(len(EVERY_CALL))] and report.rewritten == [""]
+    assert [norm.act for norm in model.norms] == [act for act, _ in EVERY_CALL]
+    assert model.forward.acts == tuple(act for act, _ in EVERY_CALL)
+    code = model.forward.code
+    assert not any(call in code for call in ("relu", "gelu", "silu")), code
+    x = torch.randn(2, 4, 3, 5)
+    xr = x.clone().requires_grad_()
+    x.requires_grad_()
+    y, y_ref = model(x), ref(xr)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)  # torch's own ops on the CPU: same bits
+    y.square().sum().backward()
+    y_ref.square().sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=0, atol=0)
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=n)
+    model, report = revert_groupnorm(model)
+    assert len(report.fused) == len(EVERY_CALL) and report.rewritten == [""]
+    now = dict(model.named_modules())
+    assert now.keys() == originals.keys() and all(now[n] is originals[n] for n in now)
+    assert "forward" not in vars(model) and model.relu.inplace
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
+
+
+def test_fuse_acts_limits_the_calls_fused():
+    model, report = convert_groupnorm(
+        randomize(EveryCall()), fuse_calls=True, fuse_acts=("gelu_tanh", "silu")
+    )
+    assert report.fused == ["norms.5", "norms.8", "norms.10"] and report.skipped == {}
+    assert [norm.act for norm in model.norms] == [None] * 5 + ["gelu_tanh", None, None, "gelu_tanh", None,
+                                                               "silu", None]  # fmt: skip
+
+
+class InPlaceTwoUsers(nn.Module):
+    """An in-place ReLU on the GroupNorm output, which is read again afterwards: not fused (the
+    GroupNorm output has two users), and the unfused forward still gives torch's result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(2, 4)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        self.act(h)  # result unused: h itself is now relu(h)
+        return h * 2
+
+
+def test_inplace_activation_whose_input_is_read_again_is_not_fused():
+    model = randomize(InPlaceTwoUsers())
+    ref = copy.deepcopy(model)
+    model, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.fused == [] and report.skipped["norm+act"].startswith("not fused: the GroupNorm output")
+    x = torch.randn(2, 4, 3)
+    torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
+
+
+def test_call_unlike_the_trace_restores_each_norms_own_act():
+    block = randomize(ResnetBlock2D(8, 8, temb=None, act_fn="relu"))
+    ref = copy.deepcopy(block)
+    block, report = convert_groupnorm(block, fuse_calls=True)
+    assert report.fused == ["norm1", "norm2"]
+    x = torch.randn(2, 8, 4, 4)
+    torch.testing.assert_close(block(x, None), ref(x, None))  # the original forward, unfused
+    assert block.norm1.act == "relu" and block.norm2.act == "relu"  # fused again after the call
+
+
+def test_fused_forward_pickled_before_acts_existed_means_silu():
+    _, model, _, _ = converted_unet()
+    forward = vars(model.down[0])["forward"]
+    state = forward.__getstate__()
+    assert state["acts"] == ("silu", "silu")
+    del state["acts"]
+    old = FusedForward.__new__(FusedForward)
+    old.__setstate__(state)
+    assert old.acts == ("silu", "silu")
+    with pytest.raises(ValueError, match="2 fused GroupNorms but 1 acts"):
+        FusedForward(model.down[0], forward.graph_module, forward.fused, ("relu",))

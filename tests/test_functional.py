@@ -134,3 +134,60 @@ def test_autocast_output_is_checked_and_shown():
     assert "autocast_output" not in repr(default) and "act=" not in repr(default)
     assert repr(kept).endswith("act='silu', autocast_output='input')")
     assert set(kept.state_dict()) == {"weight", "bias"}
+
+
+# ------------------------------------------------------------------ every activation (issue 14)
+TORCH_ACTS = {
+    None: lambda y: y,
+    "identity": lambda y: y,
+    "silu": F.silu,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+}
+
+
+def test_every_act_has_a_torch_definition():
+    assert set(TORCH_ACTS) == set(gn_module.functional.ACTS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("act", list(TORCH_ACTS), ids=str)
+def test_native_path_of_every_act_is_torchs(act, dtype):
+    x = torch.randn(3, 12, 5, 7, dtype=dtype)
+    w, b = torch.randn(12, dtype=dtype), torch.randn(12, dtype=dtype)
+    want = TORCH_ACTS[act](F.group_norm(x, 3, w, b, 1e-5))
+    torch.testing.assert_close(gn_module.group_norm(x, 3, w, b, act=act), want, rtol=0, atol=0)
+    layer = gn_module.GroupNorm(3, 12, act=act, dtype=dtype)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        layer.bias.copy_(b)
+    torch.testing.assert_close(layer(x), want, rtol=0, atol=0)
+    cl = x.contiguous(memory_format=torch.channels_last)  # the CPU runs torch's path for it too
+    torch.testing.assert_close(gn_module.group_norm(cl, 3, w, b, act=act), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", list(TORCH_ACTS), ids=str)
+def test_native_path_gradients_of_every_act(act):
+    x = torch.randn(2, 8, 3, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: gn_module.group_norm(a[0], 2, *a[1:], act=act), (x, w, b))
+    # fp32: the same gradients as torch's GroupNorm followed by torch's activation, bit for bit
+    xf, wf, bf = (t.detach().float().requires_grad_() for t in (x, w, b))
+    dy = torch.randn(2, 8, 3, 3)
+    ours = torch.autograd.grad(gn_module.group_norm(xf, 2, wf, bf, act=act), (xf, wf, bf), dy)
+    theirs = torch.autograd.grad(TORCH_ACTS[act](F.group_norm(xf, 2, wf, bf)), (xf, wf, bf), dy)
+    for a, e in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+def test_module_takes_every_act_and_shows_it():
+    for act in gn_module.functional.ACTS:
+        text = repr(gn_module.GroupNorm(8, 32, act=act))
+        assert text.startswith("GroupNorm(8, 32, eps=1e-05, affine=True")
+        assert (f"act={act!r}" in text) == (act is not None)
+    with pytest.raises(ValueError, match=r"unsupported act 'GELU'; expected one of \(None, 'identity'"):
+        gn_module.GroupNorm(8, 32, act="GELU")
+    with pytest.raises(ValueError, match="unsupported act 'tanh'"):
+        gn_module.functional.apply_act(torch.zeros(1), "tanh")

@@ -39,3 +39,19 @@ def test_compare_accepts_rounding_and_rejects_errors(dtype):
     drift = out.double() * (1 + 2 * reference.tolerance(dtype).rel_norm)
     with pytest.raises(AssertionError):
         reference.compare(drift.to(dtype), ref, dtype)
+
+
+@pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu", "gelu_tanh"])
+def test_forward_backward_of_every_act_is_torch_in_float64(act):
+    torch_act = {"identity": lambda y: y, "silu": F.silu, "relu": F.relu, "gelu": F.gelu,
+                 "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[act]  # fmt: skip
+    x, dy = torch.randn(2, 8, 5, 3, dtype=torch.float16), torch.randn(2, 8, 5, 3)
+    w, b = torch.randn(8), torch.randn(8)
+    y, dx, dw, db = reference.forward_backward(x, 4, w, b, 1e-5, act, dy)
+    xd, wd, bd = (t.double().requires_grad_(True) for t in (x, w, b))
+    want = torch_act(F.group_norm(xd, 4, wd, bd, 1e-5))
+    grads = torch.autograd.grad(want, (xd, wd, bd), dy.double())
+    for got, exp in zip((y, dx, dw, db), (want, *grads), strict=True):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, exp.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(reference.forward(x, 4, w, b, 1e-5, act), want.detach(), rtol=0, atol=0)

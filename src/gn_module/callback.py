@@ -12,7 +12,15 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 from typing_extensions import override
 
-from gn_module.convert import ConversionReport, Patterns, check_options, convert_groupnorm, revert_groupnorm
+from gn_module.convert import (
+    ConversionReport,
+    FuseActs,
+    Patterns,
+    check_options,
+    convert_groupnorm,
+    materialize_fuse_acts,
+    revert_groupnorm,
+)
 from gn_module.functional import AutocastOutput, fast_path_reason
 from gn_module.module import GroupNorm
 
@@ -101,19 +109,24 @@ class GNSwapCallback(Callback):
             (``trainer.strategy.root_device``) is not CUDA: there torch's GroupNorm runs anyway, and on
             CPU torch's GroupNorm backward crashes on some channels_last inputs (one that needs no
             gradient, after a frozen conv, with a weight that does).
-        fuse_silu, include, exclude, min_channels, fuse_calls, autocast_output: passed to
+        fuse_acts, fuse_silu, include, exclude, min_channels, fuse_calls, autocast_output: passed to
             `gn_module.convert_groupnorm` (autocast_output="input": bf16/fp16 output under autocast,
             where torch's GroupNorm returns float32).
-            ``fuse_calls=True`` (opt-in) also fuses GroupNorm -> SiLU called in sequence inside a
-            module's ``forward`` (diffusers' ResNet blocks), by tracing those forwards with torch.fx.
+            ``fuse_acts`` (default True: SiLU, ReLU, GELU and tanh GELU; False: none; or some of
+            "silu", "relu", "gelu", "gelu_tanh") picks the activations fused into the GroupNorm
+            before them (timm's GroupNormAct, an activation module after it in an nn.Sequential);
+            ``fuse_silu=False`` takes SiLU out.
+            ``fuse_calls=True`` (opt-in) also fuses GroupNorm -> activation called in sequence inside
+            a module's ``forward`` (diffusers' ResNet blocks), by tracing those forwards with torch.fx.
         restore_on_teardown: put the original layers (and memory format) back when the stage ends.
         log_hyperparams: record the counts in every logger's hyperparameters.
 
     Raises:
-        ValueError: ``min_channels`` is not an int >= 0, or ``fuse_calls=True`` with ``fuse_silu=False``.
+        ValueError: ``min_channels`` is not an int >= 0, ``fuse_acts`` names an activation that is
+            not fused, or ``fuse_calls=True`` with no activation left to fuse.
         TypeError: ``include`` or ``exclude`` is neither a string nor an iterable of strings (nor
-            None); ``channels_last``, ``fuse_silu``, ``fuse_calls``, ``restore_on_teardown`` or
-            ``log_hyperparams`` is not a bool.
+            None); ``fuse_acts`` is neither a bool, a string nor an iterable; ``channels_last``,
+            ``fuse_silu``, ``fuse_calls``, ``restore_on_teardown`` or ``log_hyperparams`` is not a bool.
         RuntimeError: in ``setup``, when the strategy is `DeepSpeedStrategy`.
 
     Example::
@@ -133,6 +146,7 @@ class GNSwapCallback(Callback):
         autocast_output: AutocastOutput = "float32",
         restore_on_teardown: bool = False,
         log_hyperparams: bool = True,
+        fuse_acts: FuseActs = True,
     ) -> None:
         super().__init__()
         # Fail at construction, not mid-fit.
@@ -148,6 +162,7 @@ class GNSwapCallback(Callback):
                 raise TypeError(
                     f"GNSwapCallback(): {name} must be True or False, got {type(value).__name__} {value!r}"
                 )
+        fuse_acts = materialize_fuse_acts(fuse_acts)  # a tuple: an iterator would be used up
         # As tuples: a generator given as include/exclude would be used up by this check.
         include, exclude = check_options(
             include,
@@ -157,6 +172,7 @@ class GNSwapCallback(Callback):
             fuse_silu=fuse_silu,
             fuse_calls=fuse_calls,
             autocast_output=autocast_output,
+            fuse_acts=fuse_acts,
         )
         self.channels_last = channels_last
         self.convert_kwargs: dict[str, Any] = {
@@ -166,6 +182,7 @@ class GNSwapCallback(Callback):
             "min_channels": min_channels,
             "fuse_calls": fuse_calls,
             "autocast_output": autocast_output,
+            "fuse_acts": fuse_acts,
         }
         self.restore_on_teardown = restore_on_teardown
         self.log_hyperparams = log_hyperparams
@@ -283,7 +300,7 @@ class GNSwapCallback(Callback):
 
         Called by the callback at the start of ``strategy.setup``; public for manual use.
         """
-        self._remove_probes()  # probe hooks would make convert decline SiLU fusions
+        self._remove_probes()  # probe hooks would make convert decline activation fusions
         kind = strategy_kind(trainer.strategy)
         in_place = kind in _SHARDED_KINDS or is_sharded(pl_module)
         _, report = convert_groupnorm(pl_module, in_place=in_place, **self.convert_kwargs)

@@ -4,20 +4,24 @@ The new layers reuse the original Parameter objects, so optimizers built before 
 state_dict keys and checkpoints stay valid. Forward/backward/state-dict hooks move with the layer
 (the hook dictionaries are shared, so existing hook handles still remove them).
 
-SiLU fusion only happens where it is structurally safe:
-  * a GroupNorm directly followed by an `nn.SiLU` inside a plain `nn.Sequential`: the GroupNorm
-    becomes ``GroupNorm(act="silu")`` and the SiLU slot becomes `SiLUSlot` (an `nn.Identity`), so
-    indices and state_dict keys do not move;
-  * timm's ``GroupNormAct`` with an ``nn.SiLU`` act and no dropout.
+Activation fusion (`FUSABLE_ACTS`: SiLU, ReLU, GELU and GELU with the tanh approximation; the modules
+`act_of_module` recognizes) only happens where it is structurally safe:
+  * a GroupNorm directly followed by an activation module (`nn.SiLU`, `nn.ReLU`, in place or not,
+    `nn.GELU` with ``approximate`` "none" or "tanh", timm's ``GELU``/``GELUTanh``) inside a plain
+    `nn.Sequential`: the GroupNorm becomes ``GroupNorm(act=...)`` and the activation's slot becomes an
+    `ActSlot` (an `nn.Identity`; `SiLUSlot` for a SiLU), so indices and state_dict keys do not move;
+  * timm's ``GroupNormAct`` / ``GroupNorm1Act`` whose ``act`` is one of those modules or
+    `nn.Identity`, and whose ``drop`` is `nn.Identity`;
   * opt-in (``fuse_calls=True``): a GroupNorm called in a module's ``forward`` whose output's only use
-    is an ``nn.SiLU`` module call or ``F.silu`` (diffusers' ``h = self.norm1(h); h = self.nonlinearity(h)``).
-    Each module that owns a GroupNorm has its own ``forward`` traced with `torch.fx` (submodules are not
-    traced into); on a match the GroupNorm becomes ``act="silu"``, the SiLU call is dropped from the
-    graph and the module gets a `fx_fusion.FusedForward` as its instance ``forward``. Module objects,
-    parameters and state_dict keys stay as they are; modules that cannot be traced are skipped with
-    the reason.
+    is one activation call: an activation module, ``F.silu``, ``F.relu``, ``F.relu_``, ``torch.relu``,
+    ``torch.relu_``, ``Tensor.relu``/``relu_`` or ``F.gelu`` (diffusers'
+    ``h = self.norm1(h); h = self.nonlinearity(h)``). Each module that owns a GroupNorm has its own
+    ``forward`` traced with `torch.fx` (submodules are not traced into); on a match the GroupNorm gets
+    the activation as ``act``, the activation call is dropped from the graph and the module gets a
+    `fx_fusion.FusedForward` as its instance ``forward``. Module objects, parameters and state_dict keys
+    stay as they are; modules that cannot be traced are skipped with the reason.
 It is declined when either layer has forward or backward hooks, or the GroupNorm instance also appears
-elsewhere.
+elsewhere. ``fuse_acts`` (and ``fuse_silu``) pick which activations may be fused.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -64,14 +68,126 @@ _IN_PLACE = "_gn_in_place"
 Patterns = str | Iterable[str] | None
 
 
-class SiLUSlot(nn.Identity):
-    """Placeholder left where a SiLU was fused into the preceding GroupNorm; revert puts it back."""
+#: The activations convert_groupnorm fuses into a GroupNorm (the `gn_module.functional.ACTS` with a
+#: kernel epilogue, "identity" and None aside).
+FUSABLE_ACTS = ("silu", "relu", "gelu", "gelu_tanh")
+#: ``fuse_acts`` values, what they mean.
+FuseActs = bool | str | Iterable[str]
+
+# Stateless activation modules of timm computing F.gelu (qualified names: timm need not be installed).
+_TIMM_ACTS = {
+    f"{prefix}.activations.{cls}": act
+    for prefix in ("timm.layers", "timm.models.layers")
+    for cls, act in (("GELU", "gelu"), ("GELUTanh", "gelu_tanh"))
+}
+# What revert puts back when an ActSlot lost its module (built without one).
+_DEFAULT_MODULES: dict[str, Callable[[], nn.Module]] = {
+    "silu": nn.SiLU,
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+}
+_GELU_APPROXIMATE = {"none": "gelu", "tanh": "gelu_tanh"}
+
+
+def act_of_module(module: nn.Module | None) -> str | None:
+    """The fused activation (one of `FUSABLE_ACTS`) that ``module`` computes, or None when it is not an
+    activation module with a kernel epilogue: exactly `nn.SiLU`, `nn.ReLU` (``inplace`` either way),
+    `nn.GELU` (``approximate`` "none" -> "gelu", "tanh" -> "gelu_tanh"), or timm's ``GELU`` /
+    ``GELUTanh``; subclasses, modules with state or an instance ``forward`` are not recognized."""
+    if module is None or "forward" in vars(module):
+        return None
+    if module._parameters or module._buffers or module._modules:
+        return None
+    cls = type(module)
+    if cls is nn.SiLU:
+        return "silu"
+    if cls is nn.ReLU:
+        return "relu"
+    if cls is nn.GELU:
+        return _GELU_APPROXIMATE.get(getattr(module, "approximate", None))
+    return _TIMM_ACTS.get(_qualname(module))
+
+
+class ActSlot(nn.Identity):
+    """Placeholder left where an activation module was fused into the preceding GroupNorm (``act``: the
+    activation, one of `FUSABLE_ACTS`); revert puts the module back (a new default one of that
+    activation when the slot was built without one)."""
+
+    act: str
+
+    def __init__(self, module: nn.Module | None = None, act: str | None = None) -> None:
+        super().__init__()
+        act = act if act is not None else act_of_module(module)
+        if act not in FUSABLE_ACTS:
+            raise ValueError(f"ActSlot: act must be one of {FUSABLE_ACTS}, got {act!r} (module {module!r})")
+        object.__setattr__(self, _ORIGINAL, module)
+        self.act = act
+        if module is not None:
+            self.train(module.training)
+
+    def original_module(self) -> nn.Module:
+        """The activation module this slot replaced (or a new default one of its activation)."""
+        module = getattr(self, _ORIGINAL, None)
+        return module if module is not None else _DEFAULT_MODULES[self.act]()
+
+    def extra_repr(self) -> str:
+        return f"act={self.act!r}"
+
+
+class SiLUSlot(ActSlot):
+    """The `ActSlot` of a fused SiLU (its name from before other activations were fused)."""
+
+    act = "silu"  # a class default too: slots pickled before `act` existed have none of their own
 
     def __init__(self, silu: nn.Module | None = None) -> None:
-        super().__init__()
-        object.__setattr__(self, _ORIGINAL, silu)
-        if silu is not None:
-            self.train(silu.training)
+        super().__init__(silu, "silu")
+
+
+def _slot_for(module: nn.Module, act: str) -> ActSlot:
+    return SiLUSlot(module) if act == "silu" else ActSlot(module, act)
+
+
+def materialize_fuse_acts(fuse_acts: FuseActs) -> FuseActs:
+    """``fuse_acts`` with an iterable made a tuple, so that it can be read twice (a non-iterable is
+    returned as it is, for `resolve_fuse_acts` to reject)."""
+    if isinstance(fuse_acts, bool | str):
+        return fuse_acts
+    try:
+        return tuple(fuse_acts)
+    except TypeError:
+        return fuse_acts
+
+
+def resolve_fuse_acts(
+    fuse_acts: object = True, fuse_silu: object = True, owner: str = "convert_groupnorm()"
+) -> frozenset[str]:
+    """The activations that may be fused: ``fuse_acts`` True (all of `FUSABLE_ACTS`), False (none), a
+    name or an iterable of names, less "silu" when ``fuse_silu`` is False. Raises TypeError/ValueError
+    starting with ``owner`` on a bad value."""
+    if not isinstance(fuse_silu, bool):
+        raise TypeError(
+            f"{owner}: fuse_silu must be True or False, got {type(fuse_silu).__name__} {fuse_silu!r}"
+        )
+    expected = f"True, False, or names among {FUSABLE_ACTS}"
+    if isinstance(fuse_acts, bool):
+        acts = set(FUSABLE_ACTS) if fuse_acts else set()
+    else:
+        if isinstance(fuse_acts, str):
+            names: tuple[object, ...] = (fuse_acts,)
+        else:
+            try:
+                names = tuple(fuse_acts)  # type: ignore[arg-type]
+            except TypeError:
+                got = f"{type(fuse_acts).__name__} {fuse_acts!r}"
+                raise TypeError(f"{owner}: fuse_acts must be {expected}, got {got}") from None
+        bad = [n for n in names if not isinstance(n, str) or n not in FUSABLE_ACTS]
+        if bad:
+            raise ValueError(f"{owner}: fuse_acts must be {expected}, got {bad[0]!r}")
+        acts = set(names)  # type: ignore[arg-type]
+    if not fuse_silu:
+        acts.discard("silu")
+    return frozenset(acts)
 
 
 @dataclass
@@ -79,8 +195,9 @@ class ConversionReport:
     """What `convert_groupnorm` / `revert_groupnorm` did, by qualified module name.
 
     ``swapped``: layers replaced; ``fused``: GroupNorm layers that now also apply (convert) or no
-    longer apply (revert) the SiLU; ``already``: layers that needed nothing; ``skipped``: name ->
-    reason for layers left alone and for declined fusions (named ``"<norm>+<silu>"``).
+    longer apply (revert) an activation (a GroupNormAct's own, or the one after them); ``already``:
+    layers that needed nothing; ``skipped``: name -> reason for layers left alone and for declined
+    fusions (named ``"<norm>+<activation>"``).
     """
 
     swapped: list[str] = field(default_factory=list)
@@ -89,7 +206,7 @@ class ConversionReport:
     skipped: dict[str, str] = field(default_factory=dict)
     reverted: bool = False  # made by revert_groupnorm: only changes the wording of str()
     # Modules whose forward now runs (convert) or no longer runs (revert) a traced graph with a
-    # GroupNorm+SiLU fused (``fuse_calls=True``). Not in summary(): its keys stay the same four.
+    # GroupNorm+activation fused (``fuse_calls=True``). Not in summary(): its keys stay the same four.
     rewritten: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, int]:
@@ -114,6 +231,7 @@ def convert_groupnorm(
     in_place: bool = False,
     fuse_calls: bool = False,
     autocast_output: AutocastOutput = "float32",
+    fuse_acts: FuseActs = True,
 ) -> tuple[nn.Module, ConversionReport]:
     """Replace GroupNorm layers in ``module`` by `gn_module.GroupNorm`, in place where possible.
 
@@ -124,11 +242,17 @@ def convert_groupnorm(
     the module objects stay (FSDP remembers which module object owns each parameter); other GroupNorm
     classes are then skipped.
 
-    ``fuse_calls=True`` (needs ``fuse_silu=True``) also fuses a GroupNorm called inside a module's
-    ``forward`` whose output is used only by a SiLU (an ``nn.SiLU`` module or ``F.silu``), as in
-    diffusers' ResNet blocks. The ``forward`` of each module that owns a GroupNorm is traced with
-    `torch.fx` (its submodules are called, not traced into); where a pair is found, that module's
-    ``forward`` becomes a `FusedForward` running the edited graph. The graph is specialized as fx
+    ``fuse_acts`` picks the activations fused into a GroupNorm (module docstring): True (default) every
+    one of `FUSABLE_ACTS` ("silu", "relu", "gelu", "gelu_tanh"), False none, or some of those names;
+    ``fuse_silu=False`` (the option from before the others were fused) takes "silu" out. A timm
+    ``GroupNormAct`` whose activation may not be fused is left alone (skipped with the reason).
+
+    ``fuse_calls=True`` (needs an activation to fuse) also fuses a GroupNorm called inside a module's
+    ``forward`` whose output is used only by one activation call (an activation module, ``F.silu``,
+    ``F.relu``, ``torch.relu``, ``F.gelu``...; module docstring), as in diffusers' ResNet blocks.
+    The ``forward`` of each module that owns a GroupNorm is traced with `torch.fx` (its submodules
+    are called, not traced into); where a pair is found, that module's ``forward`` becomes a
+    `FusedForward` running the edited graph. The graph is specialized as fx
     specializes: Python control flow on attributes (``self.training`` included: a forward that
     depends on it is not rewritten) is frozen at conversion, Python side effects of ``forward`` are
     not replayed, and parameters with defaults keep their defaults. Calls that do not fit what was
@@ -142,6 +266,7 @@ def convert_groupnorm(
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"convert_groupnorm(): expected an nn.Module, got {type(module).__name__}")
+    fuse_acts = materialize_fuse_acts(fuse_acts)
     include, exclude = check_options(
         include,
         exclude,
@@ -149,17 +274,20 @@ def convert_groupnorm(
         fuse_silu=fuse_silu,
         fuse_calls=fuse_calls,
         autocast_output=autocast_output,
+        fuse_acts=fuse_acts,
     )
+    acts = resolve_fuse_acts(fuse_acts, fuse_silu)
     walker = _Converter(
-        module, fuse_silu, include, exclude, min_channels, in_place, fuse_calls, autocast_output
+        module, acts, fuse_silu, include, exclude, min_channels, in_place, fuse_calls, autocast_output
     )
     return walker.visit(module, ""), walker.report
 
 
 def revert_groupnorm(module: nn.Module) -> tuple[nn.Module, ConversionReport]:
     """Undo `convert_groupnorm`: converted layers become the modules they replaced (sharing the current
-    Parameters), `SiLUSlot` becomes the SiLU again, and other `gn_module.GroupNorm` layers become
-    plain `nn.GroupNorm` (a fused one only when a `SiLUSlot` follows it)."""
+    Parameters), an `ActSlot` becomes the activation module it replaced again, and other
+    `gn_module.GroupNorm` layers become plain `nn.GroupNorm` (a fused one only when an `ActSlot` of its
+    activation follows it)."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"revert_groupnorm(): expected an nn.Module, got {type(module).__name__}")
     walker = _Reverter(module)
@@ -187,8 +315,9 @@ def _has_hooks(module: nn.Module) -> bool:
 
 
 def groupnorm_act(module: nn.GroupNorm) -> tuple[str | None, str | None]:
-    """(act, None) when ``module`` computes plain GroupNorm followed by act (None or "silu"), else
-    (None, reason it cannot be represented by `gn_module.GroupNorm`)."""
+    """(act, None) when ``module`` computes plain GroupNorm followed by act (None, or for a
+    `gn_module.GroupNorm` its ``act``, for a timm GroupNormAct one of `FUSABLE_ACTS`), else (None,
+    reason it cannot be represented by `gn_module.GroupNorm`)."""
     name = _qualname(module)
     if "forward" in vars(module):
         return None, "forward is overridden on the instance"
@@ -218,11 +347,15 @@ def _act_of_children(module: nn.Module) -> tuple[str | None, str | None]:
         return None, f"has drop={type(drop).__name__}, not nn.Identity"
     if _has_hooks(act) or _has_hooks(drop):
         return None, "its act or drop submodule has hooks"
-    if type(act) is nn.Identity:
+    if type(act) is nn.Identity and "forward" not in vars(act):
         return None, None
-    if type(act) is nn.SiLU:
-        return "silu", None
-    return None, f"act={type(act).__name__} has no fused kernel (only SiLU)"
+    fused = act_of_module(act)
+    if fused is not None:
+        return fused, None
+    return None, (
+        f"act={type(act).__name__} has no fused kernel (fused: SiLU, ReLU, GELU, GELU(approximate='tanh'), "
+        "Identity)"
+    )
 
 
 def check_options(
@@ -234,17 +367,20 @@ def check_options(
     fuse_silu: bool = True,
     fuse_calls: bool = False,
     autocast_output: object = "float32",
+    fuse_acts: object = True,
 ) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
     """Validate convert_groupnorm's options; returns include/exclude as tuples (or None).
     ``owner`` starts the error messages (the callback passes its own name)."""
+    acts = resolve_fuse_acts(fuse_acts, fuse_silu, owner)
     if isinstance(min_channels, bool) or not isinstance(min_channels, int) or min_channels < 0:
         raise ValueError(f"{owner}: min_channels must be an int >= 0, got {min_channels!r}")
     if not isinstance(fuse_calls, bool):
         raise TypeError(
             f"{owner}: fuse_calls must be True or False, got {type(fuse_calls).__name__} {fuse_calls!r}"
         )
-    if fuse_calls and not fuse_silu:
-        raise ValueError(f"{owner}: fuse_calls=True fuses SiLU, which fuse_silu=False forbids")
+    if fuse_calls and not acts:
+        why = "fuse_silu=False and fuse_acts leave none" if not fuse_silu else "fuse_acts leaves none"
+        raise ValueError(f"{owner}: fuse_calls=True fuses activations, but {why}")
     if not isinstance(autocast_output, str) or autocast_output not in AUTOCAST_OUTPUTS:
         raise ValueError(
             f"{owner}: autocast_output must be one of {AUTOCAST_OUTPUTS}, got {autocast_output!r}"
@@ -347,6 +483,7 @@ class _Converter(_Walker):
     def __init__(
         self,
         root: nn.Module,
+        acts: frozenset[str],
         fuse_silu: bool,
         include: tuple[str, ...] | None,
         exclude: tuple[str, ...] | None,
@@ -357,7 +494,7 @@ class _Converter(_Walker):
     ) -> None:
         super().__init__(root)
         self.autocast_output = autocast_output
-        self.fuse_silu, self.min_channels, self.in_place = fuse_silu, min_channels, in_place
+        self.acts, self.fuse_silu, self.min_channels, self.in_place = acts, fuse_silu, min_channels, in_place
         self.include, self.exclude, self.fuse_calls = include, exclude, fuse_calls
 
     def reason_to_skip(self, module: nn.GroupNorm, name: str) -> str | None:
@@ -378,8 +515,8 @@ class _Converter(_Walker):
             return module
         act, reason = groupnorm_act(module)
         reason = reason or self.reason_to_skip(module, name)
-        if reason is None and act == "silu" and not self.fuse_silu:
-            reason = "its activation is SiLU and fuse_silu=False"
+        if reason is None and act in FUSABLE_ACTS and act not in self.acts:
+            reason = self._not_fused_reason(act)
         if reason is None and self.in_place and type(module) is not nn.GroupNorm:
             reason = f"in_place=True converts only plain nn.GroupNorm, not {_qualname(module)}"
         if reason is not None:
@@ -397,37 +534,42 @@ class _Converter(_Walker):
         object.__setattr__(new, _ORIGINAL, module)
         self.counts[id(new)] = self.counts[id(module)]
         self.report.swapped.append(name)
-        if act == "silu":
+        if act in FUSABLE_ACTS:
             self.report.fused.append(name)
         return new
 
+    def _not_fused_reason(self, act: str) -> str:
+        if act == "silu" and not self.fuse_silu:
+            return "its activation is SiLU and fuse_silu=False"
+        allowed = ", ".join(a for a in FUSABLE_ACTS if a in self.acts) or "none"
+        return f"its activation is {act!r}, which fuse_acts excludes (fused: {allowed})"
+
     def after_children(self, module: nn.Module, name: str) -> None:
-        if self.fuse_silu and self.fuse_calls:
+        if self.acts and self.fuse_calls:
             from gn_module import fx_fusion  # imports this module
 
             if fx_fusion.traceable_owner(module):
-                fx_fusion.fuse_traced_calls(module, name, self.report, self.counts)
-        if not self.fuse_silu or not _is_plain_sequential(module):
+                fx_fusion.fuse_traced_calls(module, name, self.report, self.counts, acts=self.acts)
+        if not self.acts or not _is_plain_sequential(module):
             return
         keys = list(module._modules)
         for key, next_key in itertools.pairwise(keys):
-            norm, silu = module._modules[key], module._modules[next_key]
-            if not (
-                isinstance(norm, GroupNorm) and groupnorm_act(norm) == (None, None) and type(silu) is nn.SiLU
-            ):
+            norm, act_module = module._modules[key], module._modules[next_key]
+            act = act_of_module(act_module)
+            if not (act in self.acts and isinstance(norm, GroupNorm) and groupnorm_act(norm) == (None, None)):
                 continue
-            norm_name, silu_name = (f"{name}.{k}" if name else k for k in (key, next_key))
+            norm_name, act_name = (f"{name}.{k}" if name else k for k in (key, next_key))
             reason = None
-            if _has_hooks(norm) or _has_hooks(silu):
-                reason = "the GroupNorm or the SiLU has hooks that would see a different tensor"
+            if _has_hooks(norm) or _has_hooks(act_module):
+                reason = "the GroupNorm or the activation has hooks that would see a different tensor"
             elif self.counts[id(norm)] > 1:
-                reason = "the GroupNorm instance is also used elsewhere, where no SiLU may follow it"
+                reason = "the GroupNorm instance is also used elsewhere, where no activation may follow it"
             if reason is not None:
-                self.report.skipped[f"{norm_name}+{silu_name}"] = f"not fused: {reason}"
+                self.report.skipped[f"{norm_name}+{act_name}"] = f"not fused: {reason}"
                 continue
-            # In-place SiLU fuses too: inside a Sequential nothing else sees the GroupNorm output.
-            norm.act = "silu"
-            module._modules[next_key] = SiLUSlot(silu)
+            # In-place activations fuse too: inside a Sequential nothing else sees the GroupNorm output.
+            norm.act = act
+            module._modules[next_key] = _slot_for(act_module, act)
             self.report.fused.append(norm_name)
 
 
@@ -436,19 +578,22 @@ class _Reverter(_Walker):
         from gn_module import fx_fusion  # imports this module
 
         fx_fusion.restore_forward(module, name, self.report)
-        # Un-fuse GroupNorm(act="silu") + SiLUSlot pairs first; the GroupNorm is then reverted as a
+        # Un-fuse GroupNorm(act=a) + ActSlot(a) pairs first; the GroupNorm is then reverted as a
         # plain one when the walk reaches it.
         keys = list(module._modules)
         for key, next_key in itertools.pairwise(keys):
             norm, slot = module._modules[key], module._modules[next_key]
-            if isinstance(norm, GroupNorm) and norm.act == "silu" and isinstance(slot, SiLUSlot):
+            if isinstance(norm, GroupNorm) and isinstance(slot, ActSlot) and norm.act == slot.act:
                 norm.act = None
-                module._modules[next_key] = getattr(slot, _ORIGINAL, None) or nn.SiLU()
+                module._modules[next_key] = slot.original_module()
                 self.report.fused.append(f"{name}.{key}" if name else key)
 
     def replace(self, module: nn.Module, name: str) -> nn.Module:
-        if isinstance(module, SiLUSlot):
-            self.report.skipped[name] = "SiLUSlot does not follow a fused GroupNorm; left in place"
+        if isinstance(module, ActSlot):
+            self.report.skipped[name] = (
+                f"{type(module).__name__} (act={module.act!r}) does not follow a GroupNorm fused with it; "
+                "left in place"
+            )
             return module
         if not isinstance(module, GroupNorm):
             if isinstance(module, nn.GroupNorm):
@@ -459,8 +604,8 @@ class _Reverter(_Walker):
             self.report.skipped[name] = reason
             return module
         if getattr(module, _IN_PLACE, False):
-            if module.act is not None:
-                self.report.skipped[name] = "fused SiLU has no SiLUSlot after it to move back into"
+            if module.act not in (None, "identity"):
+                self.report.skipped[name] = _no_slot(module.act)
                 return module
             module.__class__ = nn.GroupNorm
             del module.act
@@ -476,10 +621,14 @@ class _Reverter(_Walker):
                 return module
             new = _rehome(original, module)
             new.train(module.training)  # also the children of a GroupNormAct
-        elif module.act is None:
+        elif module.act in (None, "identity"):
             new = _make_groupnorm(module, nn.GroupNorm)
         else:
-            self.report.skipped[name] = "fused SiLU has no SiLUSlot after it to move back into"
+            self.report.skipped[name] = _no_slot(module.act)
             return module
         self.report.swapped.append(name)
         return new
+
+
+def _no_slot(act: str) -> str:
+    return f"fused act={act!r} has no ActSlot after it to move back into"

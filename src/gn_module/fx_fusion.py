@@ -1,6 +1,11 @@
-"""``convert_groupnorm(..., fuse_calls=True)``: GroupNorm followed by SiLU inside a module's own
-``forward`` (diffusers' ResNet blocks call ``self.nonlinearity`` after ``self.norm1``), found with
+"""``convert_groupnorm(..., fuse_calls=True)``: GroupNorm followed by an activation inside a module's
+own ``forward`` (diffusers' ResNet blocks call ``self.nonlinearity`` after ``self.norm1``), found with
 torch.fx and fused into the GroupNorm; `FusedForward` runs the edited graph in the module's place.
+
+The activation calls recognized (`act_call`): a module `gn_module.convert.act_of_module` recognizes
+(``nn.SiLU``, ``nn.ReLU``, ``nn.GELU``...), ``F.silu``, ``F.relu``, ``F.relu_``/``torch.relu_``,
+``torch.relu``, ``Tensor.relu``/``relu_`` and ``F.gelu`` with a constant ``approximate``; each applied
+to the GroupNorm output alone (in place or not: nothing else reads that output).
 """
 
 from __future__ import annotations
@@ -14,7 +19,14 @@ import torch
 import torch.fx
 from torch import nn
 
-from gn_module.convert import ConversionReport, _has_hooks, _is_plain_sequential, groupnorm_act
+from gn_module.convert import (
+    FUSABLE_ACTS,
+    ConversionReport,
+    _has_hooks,
+    _is_plain_sequential,
+    act_of_module,
+    groupnorm_act,
+)
 from gn_module.module import GroupNorm
 
 _NAMED = (
@@ -120,76 +132,119 @@ def _trace_both_modes(module: nn.Module, traced: list[inspect.Parameter]) -> tor
     return graphs[0]
 
 
-def _silu_call(node: torch.fx.Node, source: torch.fx.Node, owner: nn.Module) -> str | None:
-    """How ``node`` applies SiLU to exactly ``source`` ("nn.SiLU module <target>" or "F.silu"), or None."""
+# Functions applying an activation to their first argument, with the other arguments they may take
+# ("inplace": in place is fine, nothing else reads the GroupNorm output).
+_FUNCTIONS: dict[object, tuple[str, str, frozenset[str]]] = {
+    nn.functional.silu: ("silu", "F.silu", frozenset({"inplace"})),
+    nn.functional.relu: ("relu", "F.relu", frozenset({"inplace"})),
+    torch.relu: ("relu", "torch.relu", frozenset()),
+    torch.relu_: ("relu", "torch.relu_", frozenset()),  # also F.relu_
+}
+_METHODS = {"relu": "Tensor.relu", "relu_": "Tensor.relu_"}
+
+
+def act_call(node: torch.fx.Node, source: torch.fx.Node, owner: nn.Module) -> tuple[str, str] | None:
+    """(act, how) when ``node`` applies one of `FUSABLE_ACTS` to exactly ``source``: ``how`` is the
+    module's target for an activation module, else the function ("F.silu", "torch.relu", "F.gelu",
+    "Tensor.relu"...); None for anything else."""
+    first = node.args[:1] == (source,)
     if node.op == "call_module":
-        plain = node.args == (source,) and not node.kwargs
-        return str(node.target) if plain and type(owner.get_submodule(node.target)) is nn.SiLU else None
-    # F.silu(x, inplace): in place is fine, nothing else reads the GroupNorm output.
-    functional = node.op == "call_function" and node.target is nn.functional.silu
-    plain = node.args[:1] == (source,) and len(node.args) <= 2 and set(node.kwargs) <= {"inplace"}
-    return "F.silu" if functional and plain else None
+        act = act_of_module(owner.get_submodule(node.target))
+        return (act, str(node.target)) if act and node.args == (source,) and not node.kwargs else None
+    if node.op == "call_method":
+        plain = node.target in _METHODS and node.args == (source,) and not node.kwargs
+        return ("relu", _METHODS[node.target]) if plain else None
+    if node.op != "call_function" or not first:
+        return None
+    if node.target is nn.functional.gelu:  # gelu(input, *, approximate="none")
+        if len(node.args) != 1 or set(node.kwargs) - {"approximate"}:
+            return None
+        approximate = node.kwargs.get("approximate", "none")
+        act = {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate) if isinstance(approximate, str) else None
+        return (act, "F.gelu") if act else None
+    try:
+        act, how, allowed = _FUNCTIONS[node.target]
+    except (KeyError, TypeError):  # TypeError: an unhashable target
+        return None
+    positional_extra = len(node.args) - 1
+    if positional_extra > len(allowed) or set(node.kwargs) - allowed:
+        return None
+    return act, how
 
 
-def fuse_traced_calls(module: nn.Module, name: str, report: ConversionReport, counts: Counter[int]) -> None:
-    """Fuse GroupNorm -> SiLU call pairs in ``module``'s own forward (see `convert_groupnorm`)."""
+def fuse_traced_calls(
+    module: nn.Module,
+    name: str,
+    report: ConversionReport,
+    counts: Counter[int],
+    acts: Iterable[str] = FUSABLE_ACTS,
+) -> None:
+    """Fuse GroupNorm -> activation call pairs in ``module``'s own forward (see `convert_groupnorm`);
+    ``acts``: the activations that may be fused."""
+    acts = frozenset(acts)
     params = _forward_parameters(module)
     traced = [p for p in params if p.kind in _NAMED and p.default is p.empty]
     checked = _type_checked(module)
     if checked:
         # fx traces proxies, not tensors: a type test takes its non-tensor branch for good (diffusers'
         # UNet2DModel.forward converts a non-tensor timestep, and every later call failed)
-        report.skipped[name] = f"forward not traced for SiLU fusion: it tests types ({', '.join(checked)})"
+        report.skipped[name] = (
+            f"forward not traced for activation fusion: it tests types ({', '.join(checked)})"
+        )
         return
     try:
         graph = _trace_both_modes(module, traced)
     except Exception as exc:  # tracing runs arbitrary user code
         first_line = (str(exc).strip().splitlines() or [""])[0]
-        report.skipped[name] = f"forward not traced for SiLU fusion ({type(exc).__name__}: {first_line})"
+        report.skipped[name] = (
+            f"forward not traced for activation fusion ({type(exc).__name__}: {first_line})"
+        )
         return
 
     def qualified(target: object) -> str:
         return f"{name}.{target}" if name else str(target)
 
     calls = Counter(id(module.get_submodule(n.target)) for n in graph.nodes if n.op == "call_module")
-    pairs: list[tuple[torch.fx.Node, torch.fx.Node, GroupNorm]] = []
+    pairs: list[tuple[torch.fx.Node, torch.fx.Node, GroupNorm, str]] = []
     for node in graph.nodes:
         if node.op != "call_module":
             continue
         norm = module.get_submodule(node.target)
         if not (isinstance(norm, GroupNorm) and norm.act is None and groupnorm_act(norm) == (None, None)):
             continue
-        silu = [(user, how) for user in node.users if (how := _silu_call(user, node, module)) is not None]
-        if not silu:
+        found = [(user, call) for user in node.users if (call := act_call(user, node, module)) is not None]
+        found = [(user, call) for user, call in found if call[0] in acts]
+        if not found:
             continue
-        user, how = silu[0]
-        silu_module = module.get_submodule(user.target) if user.op == "call_module" else None
+        user, (act, how) = found[0]
+        act_module = module.get_submodule(user.target) if user.op == "call_module" else None
         reason = None
         if len(node.users) != 1:
             reason = "the GroupNorm output is also used elsewhere in forward"
         elif len(node.args) != 1 or node.kwargs:
             reason = "the GroupNorm is called with more than its input"
         elif calls[id(norm)] > 1 or counts[id(norm)] > 1:
-            reason = "the GroupNorm instance is also used elsewhere, where no SiLU may follow it"
-        elif _has_hooks(norm) or (silu_module is not None and _has_hooks(silu_module)):
-            reason = "the GroupNorm or the SiLU has hooks that would see a different tensor"
+            reason = "the GroupNorm instance is also used elsewhere, where no activation may follow it"
+        elif _has_hooks(norm) or (act_module is not None and _has_hooks(act_module)):
+            reason = "the GroupNorm or the activation has hooks that would see a different tensor"
         if reason is not None:
-            report.skipped[f"{qualified(node.target)}+{qualified(how) if silu_module else how}"] = (
+            report.skipped[f"{qualified(node.target)}+{qualified(how) if act_module else how}"] = (
                 f"not fused: {reason}"
             )
             continue
-        pairs.append((node, user, norm))
+        pairs.append((node, user, norm, act))
     if not pairs:
         return
-    for node, user, _ in pairs:
+    for node, user, _, _ in pairs:
         user.replace_all_uses_with(node)
         graph.erase_node(user)
     graph.lint()
     graph_module = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
-    fused = tuple(str(node.target) for node, _, _ in pairs)
-    module.forward = FusedForward(module, graph_module, fused)  # an instance attribute, not state
-    for node, _, norm in pairs:
-        norm.act = "silu"
+    fused = tuple(str(node.target) for node, _, _, _ in pairs)
+    fused_acts = tuple(act for _, _, _, act in pairs)
+    module.forward = FusedForward(module, graph_module, fused, fused_acts)  # an instance attribute
+    for node, _, norm, act in pairs:
+        norm.act = act
         report.fused.append(qualified(node.target))
     report.rewritten.append(name)
 
@@ -199,9 +254,9 @@ def restore_forward(module: nn.Module, name: str, report: ConversionReport) -> N
     forward = vars(module).get("forward")
     if not isinstance(forward, FusedForward) or forward.module is not module:
         return
-    for target in forward.fused:
+    for target, act in zip(forward.fused, forward.acts, strict=True):
         norm = module.get_submodule(target)
-        if isinstance(norm, GroupNorm) and norm.act == "silu":
+        if isinstance(norm, GroupNorm) and norm.act == act:
             norm.act = None
             report.fused.append(f"{name}.{target}" if name else target)
     del module.forward
@@ -216,23 +271,38 @@ def _same_default(value: object, default: object) -> bool:
 
 class FusedForward:
     """The instance ``forward`` that ``convert_groupnorm(fuse_calls=True)`` gives a module: the module's
-    traced forward with SiLU calls fused into the GroupNorm before them (``fused``: their targets).
+    traced forward with activation calls fused into the GroupNorm before them (``fused``: their
+    targets; ``acts``: the activation each one got).
 
     Runs the graph (``.code`` shows it) with the module as ``self``, so it always uses the module's
     current submodules and parameters. A call the trace does not cover runs the class's forward with
     the fused GroupNorms set back to ``act=None`` for that call.
     """
 
-    def __init__(self, module: nn.Module, graph_module: torch.fx.GraphModule, fused: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        graph_module: torch.fx.GraphModule,
+        fused: tuple[str, ...],
+        acts: tuple[str, ...] | None = None,
+    ) -> None:
         self.module, self.graph_module, self.fused = module, graph_module, fused
+        self.acts = ("silu",) * len(fused) if acts is None else acts
+        if len(self.acts) != len(fused):
+            raise ValueError(f"FusedForward: {len(fused)} fused GroupNorms but {len(self.acts)} acts")
 
     @property
     def code(self) -> str:
         return self.graph_module.code
 
     def __getstate__(self) -> dict[str, object]:
-        # Pickle and deepcopy: keep the module, graph and targets; the rest is rebuilt on first call.
-        return {k: self.__dict__[k] for k in ("module", "graph_module", "fused")}
+        # Pickle and deepcopy: keep the module, graph, targets and acts; the rest is rebuilt on first call.
+        return {k: self.__dict__[k] for k in ("module", "graph_module", "fused", "acts")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        if "acts" not in state:  # pickled when SiLU was the only activation fused
+            self.acts = ("silu",) * len(self.fused)
 
     def _fused_args(self, args: tuple[object, ...], kwargs: dict[str, object]) -> list[object] | None:
         """The graph's arguments when this call matches the trace, else None."""
@@ -268,5 +338,5 @@ class FusedForward:
         try:
             return type(self.module).forward(self.module, *args, **kwargs)
         finally:
-            for norm in norms:
-                norm.act = "silu"
+            for norm, act in zip(norms, self.acts, strict=True):
+                norm.act = act

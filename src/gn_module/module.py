@@ -1,4 +1,4 @@
-"""`GroupNorm`: a drop-in `torch.nn.GroupNorm` that runs the fast kernels (and can fuse SiLU)."""
+"""`GroupNorm`: a drop-in `torch.nn.GroupNorm` that runs the fast kernels (and can fuse an activation)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from gn_module.functional import ACTS, AUTOCAST_OUTPUTS, AutocastOutput, group_n
 class GroupNorm(nn.GroupNorm):
     """`torch.nn.GroupNorm` with the same parameters, init and state_dict keys, plus ``act``.
 
-    ``act="silu"`` returns ``silu(group_norm(x))`` in one kernel. Subclassing `nn.GroupNorm`
-    keeps ``isinstance`` checks, optimizers and checkpoints working unchanged. Under CUDA autocast
-    the output is float32, as torch's; ``autocast_output="input"`` keeps the input's dtype (see
-    `gn_module.group_norm`).
+    ``act`` (one of `gn_module.functional.ACTS`) is applied in the same kernel: "silu" returns
+    ``silu(group_norm(x))``, "relu", "gelu" (erf, ``F.gelu``'s default) and "gelu_tanh"
+    (``F.gelu(approximate="tanh")``) likewise; None and "identity" apply none. The repr shows a
+    non-None ``act`` after torch's fields (``GroupNorm(32, 320, ..., act='relu')``). Subclassing
+    `nn.GroupNorm` keeps ``isinstance`` checks, optimizers and checkpoints working unchanged. Under
+    CUDA autocast the output is float32, as torch's; ``autocast_output="input"`` keeps the input's
+    dtype (see `gn_module.group_norm`).
     """
 
     #: a class default, so modules converted in place (class changed) and old pickles have it
