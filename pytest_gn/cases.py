@@ -27,6 +27,16 @@ natural 1, profile number p of the full profile list 2 + p) and K kinds. So a sc
 cases as before the kinds existed, every scope meets every kind, and over K scopes every cell
 meets every kind. ``rotate=False`` crosses every kind with every cell instead.
 
+Activations: a marker's ``acts`` lists the activations of the cells (`CASE_ACTS`, None written
+``noact`` in ids). The value ``"fused"`` (`ROTATING`; the default is ``("fused", None)``) is one cell
+per (direction, ratio, dtype) whose activation rotates over the fused activations the marker does
+not list itself (`FUSED_ACTS`: silu, relu, gelu, gelu_tanh; for a foreign implementation silu only,
+its protocol's): the j-th such cell of the marker runs ``FUSED_ACTS[(j + s) mod A]`` in scope ``s``.
+So the default suite keeps its size (half its cells have no activation, as before) while every scope
+runs every activation (6 cells each of 24), silu first: the cells that keep silu are the same as
+before and their cases are unchanged, the others differ only in their activation. ``rotate=False``
+rotates nothing: a `ROTATING` cell then runs each of its activations (with every kind).
+
 Architectures (``archs``, from ``--gn-arch``): ``tiles`` is the above; ``tasks`` adds the task
 architecture's cases, with the same kinds, rotation and scopes and capped cells rotating over
 ``task_caps`` (1, 2, 3): forward cases (`pytest_gn.tasks`, ``GN_ARCH=tasks``: the ratio counts chunks
@@ -45,9 +55,19 @@ from itertools import product
 from typing import Any
 
 from gn_module import schedule
+from gn_module._abi import ACT_CODES
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-ACTS = {"silu": "silu", "none": None}
+#: The activations a case can carry: gn_module's (`gn_module.functional.ACTS`, not imported here: it
+#: imports torch). None is ``noact`` in case ids and may be written "none" in a marker.
+CASE_ACTS: tuple[str | None, ...] = tuple(ACT_CODES)
+#: The fused activations, in the order a `ROTATING` cell takes them.
+FUSED_ACTS = ("silu", "relu", "gelu", "gelu_tanh")
+#: A foreign implementation's protocol promises SiLU only: what its `ROTATING` cells run.
+FOREIGN_FUSED_ACTS = ("silu",)
+#: A marker's ``acts`` value for one cell per (direction, ratio, dtype) whose activation rotates.
+ROTATING = "fused"
+DEFAULT_ACTS = (ROTATING, None)
 DEFAULT_RATIOS = ("x1", "x1p1", "x2p1", "x4p3")
 DEFAULT_SHAPE = (128, 16)  # (channels, groups) whose ids carry no cCgG suffix
 #: Default (C, G) pairs: 16-byte vectors; the scalar path of 16-bit types with 5 (odd) channels
@@ -227,7 +247,8 @@ def specs_from_marker(
 ) -> list[CaseSpec]:
     """Cases of one ``@pytest.mark.overflow_grid(...)``; raises ValueError on a bad argument.
 
-    Arguments: dtypes ("fp16", "bf16", "fp32"), acts ("silu", None), directions ("fwd", "bwd"),
+    Arguments: dtypes ("fp16", "bf16", "fp32"), acts (`CASE_ACTS` and "fused", default ("fused",
+    None): see the module docstring), directions ("fwd", "bwd"),
     shapes [(channels, groups), ...] or channels=/groups=, geometries ("even", "partial",
     "batch"), ratios ("x1", "x1p1", "x2p1", "x4p3"), variants ("capped", "natural"), cap (the
     capped variant's residency, default 3), rotate (default True: one kind per cell and scope,
@@ -244,7 +265,7 @@ def specs_from_marker(
         known = sorted(MARKER_KWARGS)
         raise ValueError(f"overflow_grid got unknown argument(s) {sorted(unknown)}; known: {known}")
     dtypes = _as_tuple(kwargs.get("dtypes", tuple(DTYPES)))
-    acts = _as_tuple(kwargs.get("acts", ("silu", None)))
+    acts = _as_tuple(kwargs.get("acts", DEFAULT_ACTS))
     directions = _as_tuple(kwargs.get("directions", schedule.DIRECTIONS))
     ratios = [Ratio.parse(r) for r in _as_tuple(kwargs.get("ratios", DEFAULT_RATIOS))]
     variants = _as_tuple(kwargs.get("variants", VARIANTS))
@@ -267,9 +288,7 @@ def specs_from_marker(
         bad = [v for v in values if v not in allowed]
         if bad:
             raise ValueError(f"overflow_grid {name}={bad!r}: expected values among {list(allowed)}")
-    acts = tuple(None if a in (None, "none") else a for a in acts)
-    if any(a not in (None, "silu") for a in acts):
-        raise ValueError(f"overflow_grid acts={acts!r}: expected 'silu' or None")
+    acts, rotation = _check_acts(acts, foreign)
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
         raise ValueError(f"overflow_grid cap must be an int >= 1, got {cap!r}")
     if not task_caps or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in task_caps):
@@ -286,6 +305,7 @@ def specs_from_marker(
         except ValueError as exc:
             raise ValueError(f"overflow_grid {exc}") from None
     cells = list(product(directions, ratios, dtypes, acts))
+    acts_of = _act_rotation(cells, rotation, rotate)
     kinds = list(product(shapes, geometries))
     numbers = dict(profile_numbers or {name: i for i, name in enumerate(profiles)})
     scopes: list[tuple[str | None, str, int]] = []  # (profile, variant, scope number)
@@ -298,30 +318,71 @@ def specs_from_marker(
     tiles = "tiles" in archs
     task_directions = [d for d in directions if "tasks" in archs and not foreign]
     task_cells = list(product(task_directions, ratios, dtypes, acts))
+    task_acts_of = _act_rotation(task_cells, rotation, rotate)
     for profile, variant, number in scopes:
-        for i, (direction, ratio, dtype, act) in enumerate(cells if tiles else []):
+        for i, (direction, ratio, dtype, _) in enumerate(cells if tiles else []):
             chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
-            for (c, g), geometry in chosen:
+            for act, ((c, g), geometry) in product(acts_of(i, number), chosen):
                 specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, cap, profile,
                                       geometry=geometry))  # fmt: skip
-        for i, (direction, ratio, dtype, act) in enumerate(task_cells):
+        for i, (direction, ratio, dtype, _) in enumerate(task_cells):
             chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
             k = task_caps[i % len(task_caps)] if variant == "capped" else cap
-            for (c, g), geometry in chosen:
+            for act, ((c, g), geometry) in product(task_acts_of(i, number), chosen):
                 specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, k, profile,
                                       geometry=geometry, arch="tasks"))  # fmt: skip
     if big and "natural" in variants:
         dtype = "bf16" if "bf16" in dtypes else dtypes[0]  # the smallest dtype keeps it to seconds
         c, g = shapes[0]
+        act = rotation[0] if acts[0] == ROTATING else acts[0]  # the default's: silu
         for direction in directions if tiles else ():
-            specs.append(CaseSpec(direction, Ratio(1), dtype, acts[0], c, g, "natural", cap, geometry=BIG))
+            specs.append(CaseSpec(direction, Ratio(1), dtype, act, c, g, "natural", cap, geometry=BIG))
         for direction in task_directions:
-            specs.append(CaseSpec(direction, Ratio(1), dtype, acts[0], c, g, "natural", cap, geometry=BIG,
+            specs.append(CaseSpec(direction, Ratio(1), dtype, act, c, g, "natural", cap, geometry=BIG,
                                   arch="tasks"))  # fmt: skip
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):
         raise ValueError("overflow_grid arguments produce duplicate cases (repeated values?)")
     return specs
+
+
+def _check_acts(acts: tuple, foreign: bool) -> tuple[tuple[str | None, ...], tuple[str, ...]]:
+    """(acts with "none" as None, the activations a `ROTATING` cell rotates over); raises ValueError.
+    The rotation leaves out the activations the marker lists itself (their own cells run them); when
+    nothing is left the `ROTATING` value adds no cells."""
+    acts = tuple(None if a in (None, "none") else a for a in acts)
+    bad = [a for a in acts if a != ROTATING and a not in CASE_ACTS]
+    if bad or not acts:
+        allowed = [a for a in CASE_ACTS if a is not None]
+        raise ValueError(
+            f"overflow_grid acts={acts!r}: expected values among None, 'none', {allowed} or {ROTATING!r} "
+            "(one cell whose fused activation rotates over cells and scopes)"
+        )
+    rotation = tuple(a for a in (FOREIGN_FUSED_ACTS if foreign else FUSED_ACTS) if a not in acts)
+    if ROTATING in acts and not rotation:
+        acts = tuple(a for a in acts if a != ROTATING)
+    if not acts:
+        raise ValueError(f"overflow_grid acts: {ROTATING!r} alone, with every fused activation listed too")
+    return acts, rotation
+
+
+def _act_rotation(
+    cells: Sequence[tuple[Any, ...]], rotation: tuple[str, ...], rotate: bool = True
+) -> Callable[[int, int], tuple[str | None, ...]]:
+    """``acts(i, s)``: the activations cell ``i`` (its last item) runs in scope ``s``: its own, or for
+    the j-th `ROTATING` cell ``rotation[(j + s) mod len(rotation)]`` (with ``rotate=False``, every one
+    of the rotation: no rotation at all)."""
+    rank = {}
+    for i, cell in enumerate(cells):
+        if cell[-1] == ROTATING:
+            rank[i] = len(rank)
+
+    def acts(i: int, scope: int) -> tuple[str | None, ...]:
+        if i not in rank:
+            return (cells[i][-1],)
+        return (rotation[(rank[i] + scope) % len(rotation)],) if rotate else rotation
+
+    return acts
 
 
 @dataclass(frozen=True)

@@ -23,19 +23,21 @@ from pytest_gn.report import Tally
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
 MARKERS = (
-    "overflow_grid(dtypes=('fp16','bf16','fp32'), acts=('silu', None), directions=('fwd','bwd'), "
+    "overflow_grid(dtypes=('fp16','bf16','fp32'), acts=('fused', None), directions=('fwd','bwd'), "
     "shapes=[(128, 16), (100, 20), (30, 10), (64, 1), (32, 32)], geometries=('even','partial','batch'), "
-    "ratios=('x1','x1p1','x2p1','x4p3'), variants=('capped','natural'), cap=3, rotate=True, "
-    "over_2_31=False, task_caps=(1, 2, 3)): parametrize the test (through the gn_case fixture) with "
-    "GroupNorm cases whose one-pass grid overflows the residency of this GPU (natural), of a residency "
-    "cap (capped, cheap) and, with --gn-arch-sweep, of every GPU profile. Ratios: tiles = m x residency "
-    "+ k ('x2p1' = 2R+1). rotate: each (direction, ratio, dtype, act) cell runs once per scope with one "
-    "(shape, geometry) kind, rotated over cells and scopes; rotate=False crosses every kind with every "
-    "cell. over_2_31: one more case per direction over 2**31 elements (this GPU only). With --gn-arch "
-    "tasks or both, also the task kernels' cases: forward ('fwd-tasks-...', GN_ARCH=tasks), the busiest "
-    "block of a task reducing m x slots + k chunks, slots being the chunks it keeps in shared memory; "
-    "backward ('bwd-tasks-...', GN_ARCH=tasks+bwd), each task having m x team size + k tiles; their "
-    "capped cases rotate over task_caps.",
+    "ratios=('x1','x1p1','x2p1','x4p3'), variants=('capped','natural'), cap=3, rotate=True, over_2_31=False,"
+    " task_caps=(1, 2, 3)): parametrize the test (through the gn_case fixture) with GroupNorm cases whose "
+    "one-pass grid overflows the residency of this GPU (natural), of a residency cap (capped, cheap) and, "
+    "with --gn-arch-sweep, of every GPU profile. Ratios: tiles = m x residency + k ('x2p1' = 2R+1). acts: "
+    "None/'none', 'identity', 'silu', 'relu', 'gelu', 'gelu_tanh', or 'fused': one cell whose activation "
+    "rotates over the fused ones not listed (silu, relu, gelu, gelu_tanh; silu only for --gn-impl) over "
+    "cells and scopes. rotate: each (direction, ratio, dtype, act) cell runs once per scope with one (shape,"
+    " geometry) kind, rotated over cells and scopes; rotate=False crosses every kind with every cell. "
+    "over_2_31: one more case per direction over 2**31 elements (this GPU only). With --gn-arch tasks or "
+    "both, also the task kernels' cases: forward ('fwd-tasks-...', GN_ARCH=tasks), the busiest block of a "
+    "task reducing m x slots + k chunks, slots being the chunks it keeps in shared memory; backward ('bwd-"
+    "tasks-...', GN_ARCH=tasks+bwd), each task having m x team size + k tiles; their capped cases rotate "
+    "over task_caps.",
     "gn_cuda: the test needs a usable CUDA device; skipped with the reason when there is none.",
 )
 
@@ -315,7 +317,8 @@ def gn_impl(pytestconfig: pytest.Config) -> Callable[..., Any]:
     """The GroupNorm under test: ``gn_module.group_norm`` unless ``--gn-impl module:callable``.
 
     Protocol: ``impl(x, num_groups, weight, bias, eps, act) -> y``, differentiable in x, weight
-    and bias; ``act`` is None or "silu"; raise NotImplementedError for what it does not support.
+    and bias; ``act`` is None or "silu" in the bundled suite (a marker of your own may ask for "relu",
+    "gelu", "gelu_tanh" or "identity" too); raise NotImplementedError for what it does not support.
     The bundled suite runs a foreign implementation in a child process, so an abort becomes a
     failed case with its stderr."""
     state = _state(pytestconfig)
@@ -380,8 +383,8 @@ def _ensure_memory(case: GnCase, need: int, device: Any) -> None:
 @pytest.fixture(scope="session")
 def gn_reference() -> Callable[..., Any]:
     """fp64 reference: ``gn_reference(x, num_groups, weight, bias, eps, act, dy=None)`` returns
-    ``.y`` and, when ``dy`` is given, ``.dx``, ``.dweight``, ``.dbias`` (GroupNorm, then SiLU
-    when act == "silu"), all float64."""
+    ``.y`` and, when ``dy`` is given, ``.dx``, ``.dweight``, ``.dbias`` (GroupNorm, then the
+    activation: None/"identity", "silu", "relu", "gelu" or "gelu_tanh"), all float64."""
     from pytest_gn.reference import reference
 
     return reference

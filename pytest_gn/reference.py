@@ -1,4 +1,4 @@
-"""fp64 reference GroupNorm (+ SiLU) forward and backward, inputs, and dtype-aware comparison.
+"""fp64 reference GroupNorm (+ activation) forward and backward, inputs, and dtype-aware comparison.
 
 Imported lazily (it imports torch); the plugin module itself never imports this at load time.
 The fp64 results come from torch's own GroupNorm (`gn_module.reference`), run on whole
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gn_module import reference as _project_reference
-from pytest_gn.cases import INPUT_CHUNK_ELEMENTS, reference_chunk
+from pytest_gn.cases import CASE_ACTS, INPUT_CHUNK_ELEMENTS, reference_chunk
 
 #: Elementwise tolerances (rtol, atol) per output dtype: the project's own table
 #: (gn_module.reference.TOLERANCES), so the plugin and the project's tests judge alike.
@@ -45,9 +45,10 @@ def reference(
     act: str | None = None,
     dy: torch.Tensor | None = None,
 ) -> Reference:
-    """GroupNorm (then SiLU when act == "silu") in float64, with backward when `dy` is given."""
-    if act not in (None, "silu"):
-        raise ValueError(f"reference: unsupported act {act!r}")
+    """GroupNorm, then ``act`` (one of `gn_module.functional.ACTS`: None/"identity", "silu", "relu",
+    "gelu", "gelu_tanh", applied by torch's own functions), in float64, with backward when `dy` is given."""
+    if act not in CASE_ACTS:
+        raise ValueError(f"reference: unsupported act {act!r}; expected one of {CASE_ACTS}")
     if dy is None:
         return Reference(_project_reference.forward(x, num_groups, weight, bias, eps, act))
     with torch.enable_grad():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections.abc import Callable
 from itertools import product
@@ -76,8 +77,10 @@ def test_ids_are_readable_and_unique() -> None:
     assert "fwd-onepass-x1p1-fp16-silu" in ids
     assert "bwd-onepass-cap3-x4p3-bf16-noact-partial" in ids
     assert "Thor-fwd-onepass-x2p1-fp32-silu-c96g32-batch" in ids
-    # 2 shapes x 3 geometries x 2 directions x 4 ratios x 3 dtypes x 2 acts x (capped + natural + 2 profiles)
-    assert len(ids) == 2 * 3 * 2 * 4 * 3 * 2 * 4
+    assert "bwd-onepass-cap3-x4p3-bf16-gelu_tanh-partial" in ids
+    # 2 shapes x 3 geometries x 2 directions x 4 ratios x 3 dtypes x (4 fused acts + none: rotate=False
+    # rotates no activation either) x (capped + natural + 2 profiles)
+    assert len(ids) == 2 * 3 * 2 * 4 * 3 * 5 * 4
     assert specs_from_marker({}) == specs_from_marker({})  # deterministic: identical on every worker
 
 
@@ -104,7 +107,7 @@ def test_rotation_keeps_every_scope_at_48_cases_and_spreads_the_kinds() -> None:
     for kind in kinds:  # over all scopes each kind meets every dtype, act and ratio
         mine = [s for s in specs if (s.channels, s.groups, s.geometry) == kind]
         assert {s.dtype for s in mine} == {"fp16", "bf16", "fp32"}
-        assert {s.act for s in mine} == {"silu", None}
+        assert {s.act for s in mine} == {"silu", "relu", "gelu", "gelu_tanh", None}
         assert {s.ratio.label for s in mine} == {"x1", "x1p1", "x2p1", "x4p3"}
 
 
@@ -391,3 +394,102 @@ def test_foreign_abort_is_a_failed_case_and_good_impl_passes(tmp_path, monkeypat
     assert not bad.ok and "aborted" in bad.problems[0] and "tiles <= grid" in bad.stderr
     wrong = check_case_in_child(case, "impls:wrong", 0, "cpu")
     assert not wrong.ok and any(p.startswith("y:") for p in wrong.problems)
+
+
+# ------------------------------------------------------------------ activations (issue 14)
+ALL_ACTS = {None, "silu", "relu", "gelu", "gelu_tanh"}
+
+
+def test_default_acts_rotate_over_every_activation_without_growing_a_scope() -> None:
+    names = tuple(p.name for p in profiles.BUILTIN_PROFILES)
+    specs = specs_from_marker({}, profiles=names, archs=("tiles", "tasks"))
+    scopes: dict = {}
+    for s in specs:
+        scopes.setdefault((s.profile, s.variant, s.arch), []).append(s)
+    for key, scope in scopes.items():
+        assert len(scope) == 48, key
+        count = {act: sum(s.act == act for s in scope) for act in ALL_ACTS}
+        assert count == {None: 24, "silu": 6, "relu": 6, "gelu": 6, "gelu_tanh": 6}, key
+        for direction, dtype in product(("fwd", "bwd"), DTYPES):  # every direction and dtype: every act
+            mine = {s.act for s in scope if s.direction == direction and s.dtype == dtype}
+            assert mine == ALL_ACTS, (key, direction, dtype)
+    # The activation is the only thing the rotation changed: the same cells without it are the old ones.
+    plain = specs_from_marker({"acts": ("silu", None)}, profiles=names, archs=("tiles", "tasks"))
+    assert [dataclasses.replace(s, act="silu" if s.act else None) for s in specs] == plain
+    assert [s for s in specs if s.act in ("silu", None)] == [s for s in plain if s in set(specs)]
+
+
+def test_acts_values_of_the_marker() -> None:
+    ids = [s.id for s in specs_from_marker({"acts": ("relu",), "dtypes": ("fp16",), "variants": ("capped",)})]
+    assert len(ids) == 8 and all("-fp16-relu" in i for i in ids)
+    # Activations the marker lists run as their own cells; "fused" rotates over the rest.
+    mixed = specs_from_marker({"acts": ("fused", "silu", None)})
+    assert {s.act for s in mixed} == ALL_ACTS and len(mixed) == 3 * 48
+    assert sum(s.act == "silu" for s in mixed) == 48  # the explicit cells only
+    every = specs_from_marker({"acts": ("fused", "silu", "relu", "gelu", "gelu_tanh")})
+    assert every == specs_from_marker({"acts": ("silu", "relu", "gelu", "gelu_tanh")})  # nothing to rotate
+    identity = specs_from_marker({"acts": ("identity", "none")})
+    assert {s.act for s in identity} == {"identity", None}
+    assert "fwd-onepass-cap3-x1-fp16-identity" in {s.id for s in identity}
+    assert {s.act for s in specs_from_marker({"acts": "fused"})} == ALL_ACTS - {None}
+    # A foreign implementation's protocol promises SiLU only: its "fused" cells stay SiLU.
+    foreign = specs_from_marker({}, foreign=True)
+    assert {s.act for s in foreign} == {"silu", None}
+    assert {s.act for s in specs_from_marker({"acts": ("gelu", None)}, foreign=True)} == {"gelu", None}
+    for bad in (("tanh",), ("silu", "SiLU"), ()):
+        with pytest.raises(ValueError, match="overflow_grid acts="):
+            specs_from_marker({"acts": bad})
+
+
+def test_over_2_31_cases_keep_silu_under_the_rotation() -> None:
+    big = [s for s in specs_from_marker({"over_2_31": True}, archs=("tiles", "tasks")) if s.big]
+    assert {s.act for s in big} == {"silu"} and len(big) == 4
+    relu = [s for s in specs_from_marker({"over_2_31": True, "acts": ("relu", None)}) if s.big]
+    assert [s.id for s in relu] == ["fwd-onepass-2_31-bf16-relu", "bwd-onepass-2_31-bf16-relu"]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("act", sorted(ALL_ACTS | {"identity"}, key=str))
+def test_runner_checks_every_act_against_the_fp64_reference(direction: str, act: str | None) -> None:
+    """An implementation on the CPU (torch's own GroupNorm + activation) passes the runner's check of a
+    case with any activation; one that applies another activation fails it."""
+    pytest.importorskip("torch")
+    from gn_module.functional import apply_act
+    from pytest_gn.cases import GnCase
+    from pytest_gn.runner import check_case
+
+    def impl(x, num_groups, weight, bias, eps, act):
+        import torch.nn.functional as F
+
+        return apply_act(F.group_norm(x.float(), num_groups, weight, bias, eps), act).to(x.dtype)
+
+    def other(x, num_groups, weight, bias, eps, act):
+        return impl(x, num_groups, weight, bias, eps, "silu" if act in ("relu", "gelu") else "relu")
+
+    spec = CaseSpec(direction, Ratio(1, 1), "fp32", act, 8, 4)
+    case = GnCase(spec, (2, 8, 6, 5), 4, 5, None, None)
+    result = check_case(case, impl, 0, "cpu")
+    assert result.ok, result.problems
+    wrong = check_case(case, other, 0, "cpu")
+    assert not wrong.ok and wrong.problems[0].startswith("y:" if direction == "fwd" else "dx:")
+
+
+def test_reference_takes_every_act_and_rejects_others() -> None:
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from gn_module.functional import ACTS
+    from pytest_gn.cases import CASE_ACTS
+    from pytest_gn.reference import reference
+
+    assert CASE_ACTS == ACTS  # the plugin's list (read without torch) is gn_module's
+    x = torch.randn(2, 8, 5)
+    base = F.group_norm(x.double(), 4)
+    want = {None: base, "identity": base, "silu": F.silu(base), "relu": F.relu(base), "gelu": F.gelu(base),
+            "gelu_tanh": F.gelu(base, approximate="tanh")}  # fmt: skip
+    for act, y in want.items():
+        got = reference(x, 4, act=act).y
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, y, rtol=1e-12, atol=1e-12, msg=str(act))
+    with pytest.raises(ValueError, match="unsupported act 'tanh'"):
+        reference(x, 4, act="tanh")

@@ -103,7 +103,7 @@ def test_forward_task_specs_have_readable_stable_ids() -> None:
     assert all(s.arch == "tasks" and s.env_arch == "tasks" for s in specs)
     assert specs_from_marker({"directions": ("fwd",)}, archs=("tasks",)) == specs  # forward cells first
     assert ids[:4] == ["fwd-tasks-cap1-x1-fp16-silu", "fwd-tasks-cap2-x1-fp16-noact-partial",
-                       "fwd-tasks-cap3-x1-bf16-silu-batch",
+                       "fwd-tasks-cap3-x1-bf16-relu-batch",
                        "fwd-tasks-cap1-x1-bf16-noact-c100g20"]  # fmt: skip
     assert ids[-1] == "fwd-tasks-x4p3-fp32-noact-c64g1"
     capped = [s for s in specs if s.variant == "capped"]
@@ -271,7 +271,7 @@ def test_the_planted_task_overflow_drop_can_fire_in_every_scope() -> None:
             assert over == ("x1-" not in spec.id + "-"), spec.id
             if over:
                 fires.append(spec)
-        assert {s.act for s in fires} == {"silu", None}, scope
+        assert {s.act for s in fires} == {"silu", "relu", "gelu", "gelu_tanh", None}, scope
         assert {s.dtype for s in fires} == {"fp16", "bf16", "fp32"}, scope
         assert len(fires) == 18, scope  # every cell but x1's six
 
