@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import subprocess
@@ -21,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import gn_module
 from gn_module.callback import GNSwapCallback
-from gn_module.convert import SiLUSlot, convert_groupnorm
+from gn_module.convert import DEFAULT_FUSE_ACTS, ActSlot, SiLUSlot, convert_groupnorm
 
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*GPU available but not used.*")
@@ -346,3 +347,57 @@ def test_fuse_acts_reaches_convert_and_may_be_a_generator(tmp_path):
     model = Net()
     trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
     assert callback.report.fused == ["body.1"] and isinstance(model.body[2], SiLUSlot)
+
+
+class GroupNormAct(nn.GroupNorm):
+    """Named like timm's GroupNormAct (timm is not a dependency): act(drop(group_norm(x)))."""
+
+    def __init__(self, groups: int, channels: int, act: nn.Module) -> None:
+        super().__init__(groups, channels)
+        self.act, self.drop = act, nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+        return self.act(self.drop(y))
+
+
+GroupNormAct.__module__, GroupNormAct.__qualname__ = "timm.layers.norm_act", "GroupNormAct"
+
+
+class ReLUNet(Net):
+    """Net with GroupNorm -> ReLU in its nn.Sequential, then a timm-style GroupNormAct(ReLU) and a
+    GroupNormAct(SiLU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body[2] = nn.ReLU()
+        self.relu_act = GroupNormAct(4, 8, nn.ReLU(inplace=True))
+        self.silu_act = GroupNormAct(2, 8, nn.SiLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.silu_act(self.relu_act(self.body(x))))
+
+
+def test_default_fuses_only_silu_and_fuse_acts_true_opts_in(tmp_path):
+    """The default (`DEFAULT_FUSE_ACTS`, SiLU until the ReLU/GELU epilogues pass the GPU suite) leaves the
+    ReLU after a GroupNorm in place and skips a GroupNormAct(ReLU), naming the opt-in."""
+    default = inspect.signature(GNSwapCallback).parameters["fuse_acts"].default
+    assert default is DEFAULT_FUSE_ACTS == ("silu",)
+    callback = GNSwapCallback()
+    assert callback.convert_kwargs["fuse_acts"] == ("silu",)
+    model = ReLUNet()
+    relu, relu_act = model.body[2], model.relu_act
+    trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
+    report = callback.report
+    assert report.swapped == ["body.1", "silu_act"] and report.fused == ["silu_act"]
+    assert list(report.skipped) == ["relu_act"] and "fuse_acts=True opts in" in report.skipped["relu_act"]
+    assert isinstance(model.body[1], gn_module.GroupNorm) and model.body[1].act is None
+    assert model.body[2] is relu and model.relu_act is relu_act and type(relu_act) is GroupNormAct
+    assert isinstance(model.silu_act, gn_module.GroupNorm) and model.silu_act.act == "silu"
+
+    callback = GNSwapCallback(fuse_acts=True)
+    model = ReLUNet()
+    trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
+    assert callback.report.swapped == ["body.1", "relu_act", "silu_act"] and callback.report.skipped == {}
+    assert callback.report.fused == ["body.1", "relu_act", "silu_act"]
+    assert model.body[1].act == "relu" and isinstance(model.body[2], ActSlot) and model.relu_act.act == "relu"

@@ -175,7 +175,7 @@ def converted_unet(**kwargs: object):
 def test_resnet_block_fuses_both_norms(functional: bool, act_fn: str):
     block = randomize(ResnetBlock2D(8, 16, functional=functional, act_fn=act_fn))
     ref = copy.deepcopy(block)
-    block, report = convert_groupnorm(block, fuse_calls=True)
+    block, report = convert_groupnorm(block, fuse_calls=True, fuse_acts=True)
     assert report.fused == ["norm1", "norm2"] and report.rewritten == [""]
     assert report.summary() == {"swapped": 2, "fused": 2, "already": 0, "skipped": 0}
     assert block.norm1.act == act_fn and block.norm2.act == act_fn
@@ -452,8 +452,13 @@ def test_option_checks():
         GNSwapCallback(fuse_acts=(), fuse_calls=True)
     with pytest.raises(ValueError, match=r"GNSwapCallback\(\): fuse_acts must be"):
         GNSwapCallback(fuse_acts=["swish"])
-    # fuse_silu=False leaves ReLU and GELU to fuse: the UNet's SiLU calls stay as they are.
-    _, report = convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_calls=True)
+    # fuse_silu=False takes SiLU out of the default (SiLU only): nothing is left to fuse.
+    with pytest.raises(ValueError, match="fuse_silu=False and fuse_acts leave none"):
+        convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_calls=True)
+    with pytest.raises(ValueError, match=r"GNSwapCallback\(\): fuse_calls=True .* fuse_silu=False"):
+        GNSwapCallback(fuse_silu=False, fuse_calls=True)
+    # fuse_silu=False with fuse_acts=True leaves ReLU and GELU to fuse: the UNet's SiLU calls stay.
+    _, report = convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_acts=True, fuse_calls=True)
     assert report.fused == [] and report.rewritten == [] and len(report.swapped) == 9
 
 
@@ -563,7 +568,7 @@ def test_every_activation_call_fuses_outputs_gradients_and_revert_are_bitwise():
     model = randomize(EveryCall())
     ref = copy.deepcopy(model)
     originals = dict(model.named_modules())
-    model, report = convert_groupnorm(model, fuse_calls=True)
+    model, report = convert_groupnorm(model, fuse_calls=True, fuse_acts=True)
     assert report.fused == [f"norms.{i}" for i in range(len(EVERY_CALL))] and report.rewritten == [""]
     assert [norm.act for norm in model.norms] == [act for act, _ in EVERY_CALL]
     assert model.forward.acts == tuple(act for act, _ in EVERY_CALL)
@@ -597,6 +602,29 @@ def test_fuse_acts_limits_the_calls_fused():
                                                                "silu", None]  # fmt: skip
 
 
+def test_default_fuses_only_silu_calls():
+    """fuse_acts left at its default (SiLU only, until the ReLU/GELU epilogues pass the GPU suite): of
+    EveryCall's activation calls only F.silu is fused; the ReLU and GELU calls stay in the graph."""
+    model = randomize(EveryCall())
+    ref = copy.deepcopy(model)
+    model, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.fused == ["norms.10"] and report.rewritten == [""] and report.skipped == {}
+    assert len(report.swapped) == len(EVERY_CALL)
+    assert [norm.act for norm in model.norms] == [None] * 10 + ["silu", None]
+    assert model.forward.acts == ("silu",)
+    code = model.forward.code
+    assert "silu" not in code and "relu" in code and "gelu" in code, code
+    x = torch.randn(2, 4, 3, 5)
+    torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
+    # A diffusers-style block with ReLU: both GroupNorms swapped, neither fused, forward not rewritten.
+    block = randomize(ResnetBlock2D(8, 8, act_fn="relu"))
+    block, report = convert_groupnorm(block, fuse_calls=True)
+    assert report.summary() == {"swapped": 2, "fused": 0, "already": 0, "skipped": 0}
+    assert report.rewritten == [] and "forward" not in vars(block) and block.norm1.act is None
+    block, report = convert_groupnorm(block, fuse_calls=True, fuse_acts=True)  # opting in fuses them
+    assert report.fused == ["norm1", "norm2"] and block.forward.acts == ("relu", "relu")
+
+
 class InPlaceTwoUsers(nn.Module):
     """An in-place ReLU on the GroupNorm output, which is read again afterwards: not fused (the
     GroupNorm output has two users), and the unfused forward still gives torch's result."""
@@ -615,7 +643,7 @@ class InPlaceTwoUsers(nn.Module):
 def test_inplace_activation_whose_input_is_read_again_is_not_fused():
     model = randomize(InPlaceTwoUsers())
     ref = copy.deepcopy(model)
-    model, report = convert_groupnorm(model, fuse_calls=True)
+    model, report = convert_groupnorm(model, fuse_calls=True, fuse_acts=True)
     assert report.fused == [] and report.skipped["norm+act"].startswith("not fused: the GroupNorm output")
     x = torch.randn(2, 4, 3)
     torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
@@ -624,7 +652,7 @@ def test_inplace_activation_whose_input_is_read_again_is_not_fused():
 def test_call_unlike_the_trace_restores_each_norms_own_act():
     block = randomize(ResnetBlock2D(8, 8, temb=None, act_fn="relu"))
     ref = copy.deepcopy(block)
-    block, report = convert_groupnorm(block, fuse_calls=True)
+    block, report = convert_groupnorm(block, fuse_calls=True, fuse_acts=True)
     assert report.fused == ["norm1", "norm2"]
     x = torch.randn(2, 8, 4, 4)
     torch.testing.assert_close(block(x, None), ref(x, None))  # the original forward, unfused

@@ -13,6 +13,7 @@ from torch import nn
 from typing_extensions import override
 
 from gn_module.convert import (
+    DEFAULT_FUSE_ACTS,
     ConversionReport,
     FuseActs,
     Patterns,
@@ -112,9 +113,10 @@ class GNSwapCallback(Callback):
         fuse_acts, fuse_silu, include, exclude, min_channels, fuse_calls, autocast_output: passed to
             `gn_module.convert_groupnorm` (autocast_output="input": bf16/fp16 output under autocast,
             where torch's GroupNorm returns float32).
-            ``fuse_acts`` (default True: SiLU, ReLU, GELU and tanh GELU; False: none; or some of
-            "silu", "relu", "gelu", "gelu_tanh") picks the activations fused into the GroupNorm
-            before them (timm's GroupNormAct, an activation module after it in an nn.Sequential);
+            ``fuse_acts`` (default `DEFAULT_FUSE_ACTS`: SiLU, the GPU-validated ones; True: SiLU,
+            ReLU, GELU and tanh GELU; False: none; or some of "silu", "relu", "gelu", "gelu_tanh")
+            picks the activations fused into the GroupNorm before them (timm's GroupNormAct, an
+            activation module after it in an nn.Sequential);
             ``fuse_silu=False`` takes SiLU out.
             ``fuse_calls=True`` (opt-in) also fuses GroupNorm -> activation called in sequence inside
             a module's ``forward`` (diffusers' ResNet blocks), by tracing those forwards with torch.fx.
@@ -146,7 +148,7 @@ class GNSwapCallback(Callback):
         autocast_output: AutocastOutput = "float32",
         restore_on_teardown: bool = False,
         log_hyperparams: bool = True,
-        fuse_acts: FuseActs = True,
+        fuse_acts: FuseActs = DEFAULT_FUSE_ACTS,
     ) -> None:
         super().__init__()
         # Fail at construction, not mid-fit.
