@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_step_helpers import assert_same_step
 from torch import nn
 
 import gn_module
@@ -497,15 +498,7 @@ def test_sequential_fuses_each_act_and_reverts_bitwise(key: str):
     assert repr(model[2]) == f"{type(model[2]).__name__}(act={act!r})"
     assert list(model.state_dict()) == list(ref.state_dict())
     x = torch.randn(2, 8, 5, 3)
-    xr = x.clone().requires_grad_()
-    x.requires_grad_()
-    y, y_ref = model(x), ref(xr)
-    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
-    y.square().sum().backward()
-    y_ref.square().sum().backward()
-    torch.testing.assert_close(x.grad, xr.grad, rtol=0, atol=0)
-    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=n)
+    assert_same_step(model, ref, x)
     model, report = revert_groupnorm(model)
     assert report.fused == ["1"] and report.swapped == ["1"] and report.skipped == {}
     now = dict(model.named_modules())

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from model_step_helpers import assert_same_step
 from torch import nn
 
 import gn_module
@@ -575,15 +576,7 @@ def test_every_activation_call_fuses_outputs_gradients_and_revert_are_bitwise():
     code = model.forward.code
     assert not any(call in code for call in ("relu", "gelu", "silu")), code
     x = torch.randn(2, 4, 3, 5)
-    xr = x.clone().requires_grad_()
-    x.requires_grad_()
-    y, y_ref = model(x), ref(xr)
-    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)  # torch's own ops on the CPU: same bits
-    y.square().sum().backward()
-    y_ref.square().sum().backward()
-    torch.testing.assert_close(x.grad, xr.grad, rtol=0, atol=0)
-    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=n)
+    assert_same_step(model, ref, x)
     model, report = revert_groupnorm(model)
     assert len(report.fused) == len(EVERY_CALL) and report.rewritten == [""]
     now = dict(model.named_modules())
