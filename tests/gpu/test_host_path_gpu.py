@@ -38,7 +38,7 @@ def groups_for(c: int) -> int:
     return 10 if c == 30 else 8
 
 
-@pytest.mark.parametrize("arch", ["tiles", "tasks"])
+@pytest.mark.parametrize("arch", ["tiles", "tasks+bwd"])  # (tasks and tasks+bwd: one forward)
 @pytest.mark.parametrize("passes", ["auto", 1, 2])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -46,7 +46,7 @@ def test_nograd_route_is_bitwise_the_function_route(monkeypatch, shape, dtype, p
     monkeypatch.setenv(ops.ENV_ARCH, arch)
     x, w, b = make(shape, dtype, torch.float32 if dtype != torch.float32 else None)
     g = groups_for(shape[1])
-    for act in (None, "silu"):
+    for act in (None, "silu", "gelu"):  # (gelu: a code past the first two)
         try:
             y = gn_module.group_norm(x.detach().requires_grad_(), g, w, b, act=act, passes=passes)
         except RuntimeError as exc:  # e.g. a one-pass kernel that cannot run: the same error
@@ -89,7 +89,7 @@ def test_training_route_is_bitwise_the_general_route(monkeypatch, shape, dtype, 
     x, w, b = make(shape, dtype, torch.float32 if params == "fp32" else None)
     g = groups_for(shape[1])
     dy = torch.randn_like(x)  # x's layout
-    for act in (None, "silu"):
+    for act in (None, "silu", "gelu"):
         kwargs = {"act": act, "passes": passes}
         try:
             lean = _training_step(x, w, b, g, dy, general=False, **kwargs)
