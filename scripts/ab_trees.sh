@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A/B of kernel trees on the same GPU in one call: for each exported tree (git archive of a commit or
+# branch), the backward benchmark of the small shapes and the backward trace, logs under OUT/<name>.
+#   bash scripts/ab_trees.sh OUT main=.clean exp=.clean_exp
+# Each tree builds its own library (the build cache is keyed by the sources), and runs from its own
+# src/ (PYTHONPATH), so the trees may differ in csrc/ and in Python.
+set -uo pipefail
+out=${1:?usage: ab_trees.sh OUT NAME=TREE [NAME=TREE ...]}
+shift
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+export PYTHONUNBUFFERED=1
+SHAPES=${AB_SHAPES:-2x320x64x64,2x640x32x32,2x1280x16x16,1x512x128x128}
+status=0
+for pair in "$@"; do
+  name=${pair%%=*}
+  tree=$(cd "${pair#*=}" && pwd) || exit 1
+  mkdir -p "$out/$name"
+  echo "== $name ($tree)" | tee -a "$out/summary.txt"
+  (cd "$tree" && PYTHONPATH="$tree/src:$tree" python3 -m gn_module.bench --shapes "$SHAPES" --dtypes fp16 \
+    --directions bwd --impls ours-auto --reps 50 --max-seconds 0.2 --json "$out/$name/bench.json" \
+    --markdown "$out/$name/bench.md" >"$out/$name/bench.log" 2>&1) || status=1
+  grep -E "^\| " "$out/$name/bench.md" | tee -a "$out/summary.txt"
+  (cd "$tree" && PYTHONPATH="$tree/src:$tree" python3 scripts/profile_tasks.py --trace-bwd \
+    >"$out/$name/trace_bwd.log" 2>&1) || status=1
+  cat "$out/$name/trace_bwd.log" >>"$out/summary.txt"
+done
+exit $status
