@@ -127,6 +127,13 @@ PLANTINGS = {
         # tiles: all but the x1 cases of one tile per task (tests/test_plugin_tasks_bwd.py counts them)
         "bwd-tasks", True,
     ),
+    "act-gelu-grad": Planting(
+        "gn_kernels.cuh", "    return dy * fmaf(z, pdf, cdf);",
+        "    return dy * cdf;  // PLANTED: the GELU derivative loses its z * pdf term",
+        "fused GELU (erf) backward: dz = dy * Phi(z), the z * phi(z) term dropped; the forward is right, "
+        "dx, dweight and dbias are wrong wherever z is not far from 0 (tests/gpu/test_acts.py)",
+        "bwd and gelu and not gelu_tanh", False,
+    ),
 }  # fmt: skip
 
 
