@@ -45,12 +45,8 @@ class Net(nn.Module):
 
 
 @pytest.fixture(autouse=True)
-def _no_tf32():
-    """TF32 convs would dominate the fp32 differences; the comparison is about GroupNorm."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+def _no_tf32(no_tf32):
+    """The comparisons here are about GroupNorm (tests/conftest.py)."""
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
