@@ -4,6 +4,7 @@ every tile in both launches, the profiles' emulation, the planted bug's reach, a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -14,7 +15,15 @@ from task_case_helpers import BUILTIN, NUMBERS, THIS_GPU, Direction, in_scope, t
 from gn_module import profiles, schedule
 from gn_module.schedule import TaskPlan
 from pytest_gn import tasks, tasks_bwd
-from pytest_gn.cases import CaseSpec, CaseUnavailable, GnCase, Ratio, memory_estimate, specs_from_marker
+from pytest_gn.cases import (
+    REF_KINK_BYTES_PER_ELEMENT,
+    CaseSpec,
+    CaseUnavailable,
+    GnCase,
+    Ratio,
+    memory_estimate,
+    specs_from_marker,
+)
 from pytest_gn.runner import case_context, case_from_json, case_to_json, task_runs
 
 #: What ptxas gives bwd_task_stats on sm_90 (117-126 registers with 16-byte vectors, 70-72 on the
@@ -261,6 +270,9 @@ def test_backward_task_cases_survive_json_and_size_their_memory() -> None:
     t = tiling_of(case)
     workspace = 4 * sum(schedule.make_task_plan(t, 2, 1, 1).workspace_floats.values())
     assert memory_estimate(case) >= 5 * case.numel * case.spec.itemsize + workspace
+    # a ReLU case also holds the allowances at ReLU's kink, per element of its reference chunk
+    relu = dataclasses.replace(case, spec=dataclasses.replace(case.spec, act="relu"))
+    assert memory_estimate(relu) - memory_estimate(case) == case.numel * REF_KINK_BYTES_PER_ELEMENT
 
 
 def _fake_kernels(case: GnCase, monkeypatch, bug: str = "") -> list[dict]:

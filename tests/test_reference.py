@@ -130,3 +130,10 @@ def test_plugin_check_outputs_allows_the_kink_and_catches_a_far_flip():
     )
     problems = check_outputs(got, inp, 2, 1e-5, "relu")
     assert any(p.startswith("dx:") for p in problems), problems
+
+
+def test_relu_kink_leaves_fp64_inputs_alone():
+    x, w, b, dy = (t.double() for t in _on_the_kink(True))
+    saved = x.clone(), dy.clone()
+    assert reference.relu_kink(x, 2, w, b, 1e-5, dy) is not None
+    assert torch.equal(x, saved[0]) and torch.equal(dy, saved[1])

@@ -106,37 +106,48 @@ def relu_kink(
     rstd * (|dg_i| + |xhat_j| |dg_i xhat_i|) / M.
     """
     n, c = x.shape[:2]
-    f64 = dict(dtype=torch.float64, device=x.device)
-    xg = x.detach().double().reshape(n, num_groups, -1)  # (sample, group, elements of the group)
-    m = xg.shape[-1]
-    rstd = (xg.var(-1, unbiased=False, keepdim=True) + eps).rsqrt()
-    xhat = (xg - xg.mean(-1, keepdim=True)) * rstd
-    per_channel = (1, c) + (1,) * (x.dim() - 2)
-    gamma = (torch.ones(c, **f64) if weight is None else weight.double()).reshape(per_channel)
-    beta = (torch.zeros(c, **f64) if bias is None else bias.double()).reshape(per_channel)
-    grouped = lambda t: t.expand(x.shape).reshape(n, num_groups, m)  # noqa: E731
-    gamma, beta = grouped(gamma), grouped(beta)
+    cpg = c // num_groups
+    # (sample, group, channel of the group, position): per-channel values broadcast, never copied
+    # own contiguous copies (they are changed in place below)
+    f64 = dict(dtype=torch.float64, memory_format=torch.contiguous_format, copy=True)
+    xg = x.detach().to(**f64).reshape(n, num_groups, cpg, -1)
+    m = cpg * xg.shape[-1]
+    rstd = (xg.var((2, 3), unbiased=False, keepdim=True) + eps).rsqrt_()
+    xhat = (xg - xg.mean((2, 3), keepdim=True)).mul_(rstd)
+    per_channel = (1, num_groups, cpg, 1)
+    gamma = torch.ones(per_channel, dtype=torch.float64, device=x.device)
+    beta = torch.zeros(per_channel, dtype=torch.float64, device=x.device)
+    if weight is not None:
+        gamma = weight.detach().double().reshape(per_channel)
+    if bias is not None:
+        beta = bias.detach().double().reshape(per_channel)
+    band = xg.abs_().mul_(gamma.abs() * rstd)  # |x * scale| (xg is not needed again)
+    band.add_(beta.abs()).add_(xhat * gamma.abs()).mul_(RELU_KINK_BAND)
     z = xhat * gamma + beta
-    band = RELU_KINK_BAND * ((xg * gamma * rstd).abs() + beta.abs() + (xhat * gamma).abs())
     amb = z.abs() <= band
+    del band, xg
     count = int(amb.sum())
     if count == 0:
         return None
-    dy_g = dy.detach().double().reshape(n, num_groups, m)
-    flip = torch.where(z > 0, -1.0, 1.0)  # the reference's relu' is 1 for z > 0, else 0
-    dg = torch.where(amb, flip * gamma * dy_g, 0.0)
-    shift = rstd * dg * (1.0 - (1.0 + xhat.square()) / m)
-    s0 = dg.abs().sum(-1, keepdim=True)
-    s1 = (dg * xhat).abs().sum(-1, keepdim=True)
-    slack = rstd * (s0 + xhat.abs() * s1) / m
-    dy_amb = torch.where(amb, dy_g.abs(), 0.0).reshape(x.shape)
-    dims = [0, *range(2, x.dim())]
+    dy_g = dy.detach().to(**f64).reshape(xhat.shape)
+    # dg: the reference's relu' is 1 for z > 0, else 0; the other side adds -/+ w * dy
+    dg = torch.where(z > 0, -gamma, gamma).mul_(dy_g).mul_(amb)
+    del z
+    dy_amb = dy_g.abs_().mul_(amb)  # (dy_g is not needed again)
+    del dy_g, amb
+    shift = (xhat.square().add_(1.0).mul_(-1.0 / m).add_(1.0)).mul_(dg).mul_(rstd)
+    s0 = dg.abs().sum((2, 3), keepdim=True)
+    s1 = (dg * xhat).abs_().sum((2, 3), keepdim=True)
+    del dg
+    slack = xhat.abs().mul_(s1).add_(s0).mul_(rstd / m)
+    dweight_slack = (dy_amb * xhat.abs()).sum((0, 3)).reshape(c)
+    dbias_slack = dy_amb.sum((0, 3)).reshape(c)
     return ReluKink(
         ambiguous=count,
         dx_shift=shift.reshape(x.shape),
         dx_slack=slack.reshape(x.shape),
-        dweight_slack=(dy_amb * xhat.reshape(x.shape).abs()).sum(dims),
-        dbias_slack=dy_amb.sum(dims),
+        dweight_slack=dweight_slack,
+        dbias_slack=dbias_slack,
     )
 
 
