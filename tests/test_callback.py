@@ -378,24 +378,24 @@ class ReLUNet(Net):
         return self.head(self.silu_act(self.relu_act(self.body(x))))
 
 
-def test_default_fuses_only_silu_and_fuse_acts_true_opts_in(tmp_path):
-    """The default (`DEFAULT_FUSE_ACTS`, SiLU until the ReLU/GELU epilogues pass the GPU suite) leaves the
-    ReLU after a GroupNorm in place and skips a GroupNormAct(ReLU), naming the opt-in."""
+def test_default_fuses_every_act_and_a_narrower_list_leaves_the_others(tmp_path):
+    """The default (`DEFAULT_FUSE_ACTS`, all four since their epilogues passed the GPU suite) fuses the ReLU
+    after a GroupNorm and a GroupNormAct(ReLU); fuse_acts=("silu",) leaves both, saying why."""
     default = inspect.signature(GNSwapCallback).parameters["fuse_acts"].default
-    assert default is DEFAULT_FUSE_ACTS == ("silu",)
-    callback = GNSwapCallback()
+    assert default is DEFAULT_FUSE_ACTS == ("silu", "relu", "gelu", "gelu_tanh")
+    callback = GNSwapCallback(fuse_acts=("silu",))
     assert callback.convert_kwargs["fuse_acts"] == ("silu",)
     model = ReLUNet()
     relu, relu_act = model.body[2], model.relu_act
     trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
     report = callback.report
     assert report.swapped == ["body.1", "silu_act"] and report.fused == ["silu_act"]
-    assert list(report.skipped) == ["relu_act"] and "fuse_acts=True opts in" in report.skipped["relu_act"]
+    assert list(report.skipped) == ["relu_act"] and "which fuse_acts excludes" in report.skipped["relu_act"]
     assert isinstance(model.body[1], gn_module.GroupNorm) and model.body[1].act is None
     assert model.body[2] is relu and model.relu_act is relu_act and type(relu_act) is GroupNormAct
     assert isinstance(model.silu_act, gn_module.GroupNorm) and model.silu_act.act == "silu"
 
-    callback = GNSwapCallback(fuse_acts=True)
+    callback = GNSwapCallback()
     model = ReLUNet()
     trainer(tmp_path, [callback], fast_dev_run=True).fit(model)
     assert callback.report.swapped == ["body.1", "relu_act", "silu_act"] and callback.report.skipped == {}

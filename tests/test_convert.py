@@ -359,15 +359,11 @@ def test_timm_groupnorm_and_groupnormact():
     _, report = convert_groupnorm(act_cls(2, 4, nn.SiLU()), fuse_silu=False)
     assert "fuse_silu=False" in report.skipped[""]
     _, report = convert_groupnorm(act_cls(2, 4, nn.ReLU()), fuse_acts=("silu", "gelu"))
-    assert report.skipped[""] == (
-        "its activation is 'relu', which fuse_acts excludes (fused: silu, gelu); fuse_acts=True opts in "
-        "(its kernel epilogue has not yet passed the GPU suite)"
-    )
-    # SiLU is fused by default: leaving it out needs no opt-in hint.
+    assert report.skipped[""] == "its activation is 'relu', which fuse_acts excludes (fused: silu, gelu)"
     _, report = convert_groupnorm(act_cls(2, 4, nn.SiLU()), fuse_acts=("relu",))
     assert report.skipped[""] == "its activation is 'silu', which fuse_acts excludes (fused: relu)"
     _, report = convert_groupnorm(act_cls(2, 4, nn.GELU()), fuse_acts=False)
-    assert report.skipped[""].startswith("its activation is 'gelu', which fuse_acts excludes (fused: none); ")
+    assert report.skipped[""] == "its activation is 'gelu', which fuse_acts excludes (fused: none)"
 
 
 def test_instance_forward_override_skipped():
@@ -544,8 +540,9 @@ def all_acts_model() -> nn.Sequential:
 @pytest.mark.parametrize(
     "kwargs, fused",
     [
-        ({}, ["0"]),  # DEFAULT_FUSE_ACTS: SiLU only, until ReLU/GELU pass the GPU suite
-        ({"fuse_acts": DEFAULT_FUSE_ACTS}, ["0"]),
+        ({}, ["0", "2", "4", "6"]),  # DEFAULT_FUSE_ACTS: every act
+        ({"fuse_acts": DEFAULT_FUSE_ACTS}, ["0", "2", "4", "6"]),
+        ({"fuse_acts": "silu"}, ["0"]),
         ({"fuse_acts": True}, ["0", "2", "4", "6"]),
         ({"fuse_acts": FUSABLE_ACTS}, ["0", "2", "4", "6"]),
         ({"fuse_acts": ("relu", "gelu")}, ["2", "4"]),
@@ -553,7 +550,7 @@ def all_acts_model() -> nn.Sequential:
         ({"fuse_acts": iter(["silu"])}, ["0"]),
         ({"fuse_acts": False}, []),
         ({"fuse_acts": ()}, []),
-        ({"fuse_silu": False}, []),  # SiLU out of the default leaves nothing
+        ({"fuse_silu": False}, ["2", "4", "6"]),  # SiLU out of the default
         ({"fuse_silu": False, "fuse_acts": True}, ["2", "4", "6"]),
         ({"fuse_silu": False, "fuse_acts": ["silu", "relu"]}, ["2"]),
     ],
@@ -567,57 +564,55 @@ def test_fuse_acts_picks_the_activations(kwargs: dict, fused: list[str]):
     assert sum(isinstance(m, ActSlot) for m in model) == len(fused)
     x = torch.randn(2, 4, 7)
     torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
-    # A second default conversion fuses the SiLU if the first left it; fuse_acts=True then fuses the rest.
-    model, again = convert_groupnorm(model)
+    # A second conversion with SiLU fuses it if the first left it; the default then fuses the rest.
+    model, again = convert_groupnorm(model, fuse_acts="silu")
     assert again.fused == ([] if "0" in fused else ["0"]) and len(again.already) == 4
-    model, rest = convert_groupnorm(model, fuse_acts=True)
+    model, rest = convert_groupnorm(model)
     assert sorted(again.fused + rest.fused + fused) == ["0", "2", "4", "6"] and len(rest.already) == 4
     torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
 
 
-def test_default_fuses_only_silu_until_relu_and_gelu_pass_the_gpu_suite():
-    assert DEFAULT_FUSE_ACTS == ("silu",)
+def test_default_fuses_every_act_and_silu_only_leaves_the_others():
+    assert DEFAULT_FUSE_ACTS == FUSABLE_ACTS
     for fn in (convert_groupnorm, check_options, resolve_fuse_acts):
         assert inspect.signature(fn).parameters["fuse_acts"].default is DEFAULT_FUSE_ACTS, fn.__name__
-    assert resolve_fuse_acts() == frozenset({"silu"}) and resolve_fuse_acts(True) == frozenset(FUSABLE_ACTS)
+    assert resolve_fuse_acts() == resolve_fuse_acts(True) == frozenset(FUSABLE_ACTS)
+    assert resolve_fuse_acts("silu") == frozenset({"silu"})
 
-    # nn.Sequential GroupNorm -> ReLU: the GroupNorm is swapped, the ReLU stays as it is; the SiLU fuses.
+    # fuse_acts="silu", nn.Sequential GroupNorm -> ReLU: the GroupNorm is swapped, the ReLU stays as it is;
+    # the SiLU fuses.
     model = randomize(
         nn.Sequential(nn.Conv2d(4, 4, 1), nn.GroupNorm(2, 4), nn.ReLU(), nn.GroupNorm(2, 4), nn.SiLU())
     )
     ref, relu = copy.deepcopy(model), model[2]
-    model, report = convert_groupnorm(model)
+    model, report = convert_groupnorm(model, fuse_acts="silu")
     assert report.swapped == ["1", "3"] and report.fused == ["3"] and report.skipped == {}
     assert isinstance(model[1], gn_module.GroupNorm) and model[1].act is None and model[2] is relu
     assert model[3].act == "silu" and isinstance(model[4], SiLUSlot)
     x = torch.randn(2, 4, 5, 3)
     torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
-    model, report = convert_groupnorm(model, fuse_acts=True)  # opting in fuses the ReLU
+    model, report = convert_groupnorm(model)  # the default fuses the ReLU
     assert report.fused == ["1"] and model[1].act == "relu" and isinstance(model[2], ActSlot)
     torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
 
-    # timm GroupNormAct: with ReLU or GELU skipped (left as it is), the reason naming the opt-in;
-    # with SiLU swapped and fused.
+    # timm GroupNormAct under fuse_acts="silu": with ReLU or GELU skipped (left as it is), the reason
+    # saying so; with SiLU swapped and fused.
     act_cls = timm_like("GroupNormAct", "timm.layers.norm_act")
     layers = {"relu": nn.ReLU(inplace=True), "gelu": nn.GELU(approximate="tanh"), "silu": nn.SiLU()}
     timm_model = randomize(nn.ModuleDict({k: act_cls(2, 4, act) for k, act in layers.items()}))
     ref, kept = copy.deepcopy(timm_model), dict(timm_model.named_modules())
-    timm_model, report = convert_groupnorm(timm_model)
+    timm_model, report = convert_groupnorm(timm_model, fuse_acts="silu")
     assert report.swapped == ["silu"] and report.fused == ["silu"] and timm_model["silu"].act == "silu"
     assert sorted(report.skipped) == ["gelu", "relu"]
-    assert report.skipped["relu"] == (
-        "its activation is 'relu', which fuse_acts excludes (fused: silu); fuse_acts=True opts in "
-        "(its kernel epilogue has not yet passed the GPU suite)"
-    )
-    gelu_why = "its activation is 'gelu_tanh', which fuse_acts excludes (fused: silu); fuse_acts=True opts in"
-    assert report.skipped["gelu"].startswith(gelu_why)
+    assert report.skipped["relu"] == "its activation is 'relu', which fuse_acts excludes (fused: silu)"
+    assert report.skipped["gelu"] == "its activation is 'gelu_tanh', which fuse_acts excludes (fused: silu)"
     assert "skipped relu: its activation is 'relu'" in str(report)
     for key in ("relu", "gelu"):
         assert timm_model[key] is kept[key] and type(timm_model[key]) is act_cls
         assert timm_model[key].act is kept[f"{key}.act"]
     for key in timm_model:
         torch.testing.assert_close(timm_model[key](x), ref[key](x), rtol=0, atol=0, msg=key)
-    timm_model, report = convert_groupnorm(timm_model, fuse_acts=True)
+    timm_model, report = convert_groupnorm(timm_model)
     assert sorted(report.fused) == ["gelu", "relu"] and report.already == ["silu"] and report.skipped == {}
     assert timm_model["relu"].act == "relu" and timm_model["gelu"].act == "gelu_tanh"
 
@@ -724,15 +719,15 @@ import gn_module
 torch.manual_seed(0)
 
 
-def default(model):
-    _, report = gn_module.convert_groupnorm(copy.deepcopy(model))  # fuse_acts left at its default
+def silu_only(model):
+    _, report = gn_module.convert_groupnorm(copy.deepcopy(model), fuse_acts="silu")
     return {"summary": report.summary(), "reasons": sorted(set(report.skipped.values()))}
 
 
 def check(model, x):
     ref = copy.deepcopy(model)
     originals = dict(model.named_modules())
-    model, report = gn_module.convert_groupnorm(model, fuse_acts=True)
+    model, report = gn_module.convert_groupnorm(model)  # fuse_acts left at its default: every act
     acts = Counter(str(m.act) for m in model.modules() if isinstance(m, gn_module.GroupNorm))
     y, y_ref = model(x), ref(x)
     y.square().sum().backward()
@@ -751,7 +746,7 @@ def check(model, x):
 
 
 resnet = timm.create_model("resnetv2_50d_gn", num_classes=10)
-defaults = {"resnetv2_50d_gn": default(resnet)}
+silu = {"resnetv2_50d_gn": silu_only(resnet)}
 out = {"resnetv2_50d_gn": check(resnet, torch.randn(2, 3, 64, 64))}
 layers = nn.Sequential(
     *[timm.layers.GroupNormAct(8, 4, act_layer=a) for a in ("relu", "silu", "gelu", "gelu_tanh", nn.GELU)],
@@ -759,17 +754,17 @@ layers = nn.Sequential(
     timm.layers.GroupNorm1Act(8, act_layer="relu"),
     timm.layers.GroupNormAct(8, 4, act_layer="leaky_relu"),
 )
-defaults["layers"] = default(layers)
+silu["layers"] = silu_only(layers)
 out["layers"] = check(layers, torch.randn(2, 8, 5, 5))
-print("RESULT " + json.dumps({"opted_in": out, "default": defaults}))
+print("RESULT " + json.dumps({"default": out, "silu_only": silu}))
 """
 
 
 def test_real_timm_models_swap_every_groupnormact(tmp_path):
     """timm itself (a fake torchvision stands in where torchvision is missing), in a subprocess so that
-    no other test sees timm or the stand-in: with fuse_acts=True resnetv2_50d_gn's 51 GroupNormAct(ReLU)
-    are swapped and fused (issue 14: 0 of 51 before), as are GroupNormAct layers with every act timm
-    builds; by default (SiLU only) the ReLU and GELU ones are skipped with the opt-in as the reason."""
+    no other test sees timm or the stand-in: by default resnetv2_50d_gn's 51 GroupNormAct(ReLU) are
+    swapped and fused (issue 14: 0 of 51 before), as are GroupNormAct layers with every act timm builds;
+    with fuse_acts="silu" the ReLU and GELU ones are skipped, the reason saying so."""
     if importlib.util.find_spec("timm") is None:
         pytest.skip("timm is not installed")
     tests_dir = str(Path(__file__).resolve().parent)
@@ -778,16 +773,15 @@ def test_real_timm_models_swap_every_groupnormact(tmp_path):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     result = json.loads(lines[-1][len("RESULT ") :])
-    default = result["default"]
-    hint = "fuse_acts=True opts in (its kernel epilogue has not yet passed the GPU suite)"
-    assert default["resnetv2_50d_gn"]["summary"] == {"swapped": 0, "fused": 0, "already": 0, "skipped": 51}
-    assert default["resnetv2_50d_gn"]["reasons"] == [
-        f"its activation is 'relu', which fuse_acts excludes (fused: silu); {hint}"
+    silu = result["silu_only"]
+    assert silu["resnetv2_50d_gn"]["summary"] == {"swapped": 0, "fused": 0, "already": 0, "skipped": 51}
+    assert silu["resnetv2_50d_gn"]["reasons"] == [
+        "its activation is 'relu', which fuse_acts excludes (fused: silu)"
     ]
-    # silu and apply_act=False swapped; relu x2, gelu x2, gelu_tanh (opt-in) and leaky_relu skipped.
-    assert default["layers"]["summary"] == {"swapped": 2, "fused": 1, "already": 0, "skipped": 6}
-    assert sum(hint in why for why in default["layers"]["reasons"]) == 3  # relu, gelu, gelu_tanh
-    out = result["opted_in"]
+    # silu and apply_act=False swapped; relu x2, gelu x2, gelu_tanh and leaky_relu skipped.
+    assert silu["layers"]["summary"] == {"swapped": 2, "fused": 1, "already": 0, "skipped": 6}
+    assert sum("which fuse_acts excludes" in why for why in silu["layers"]["reasons"]) == 3  # relu, gelu x2
+    out = result["default"]
     resnet = out["resnetv2_50d_gn"]
     assert resnet["summary"] == {"swapped": 51, "fused": 51, "already": 0, "skipped": 0}
     assert resnet["acts"] == {"relu": 51}

@@ -453,13 +453,13 @@ def test_option_checks():
         GNSwapCallback(fuse_acts=(), fuse_calls=True)
     with pytest.raises(ValueError, match=r"GNSwapCallback\(\): fuse_acts must be"):
         GNSwapCallback(fuse_acts=["swish"])
-    # fuse_silu=False takes SiLU out of the default (SiLU only): nothing is left to fuse.
+    # fuse_silu=False takes SiLU out of fuse_acts="silu": nothing is left to fuse.
     with pytest.raises(ValueError, match="fuse_silu=False and fuse_acts leave none"):
-        convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_calls=True)
+        convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_acts="silu", fuse_calls=True)
     with pytest.raises(ValueError, match=r"GNSwapCallback\(\): fuse_calls=True .* fuse_silu=False"):
-        GNSwapCallback(fuse_silu=False, fuse_calls=True)
-    # fuse_silu=False with fuse_acts=True leaves ReLU and GELU to fuse: the UNet's SiLU calls stay.
-    _, report = convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_acts=True, fuse_calls=True)
+        GNSwapCallback(fuse_silu=False, fuse_acts=["silu"], fuse_calls=True)
+    # fuse_silu=False with the default leaves ReLU and GELU to fuse: the UNet's SiLU calls stay.
+    _, report = convert_groupnorm(TinyUNet(), fuse_silu=False, fuse_calls=True)
     assert report.fused == [] and report.rewritten == [] and len(report.swapped) == 9
 
 
@@ -595,12 +595,12 @@ def test_fuse_acts_limits_the_calls_fused():
                                                                "silu", None]  # fmt: skip
 
 
-def test_default_fuses_only_silu_calls():
-    """fuse_acts left at its default (SiLU only, until the ReLU/GELU epilogues pass the GPU suite): of
-    EveryCall's activation calls only F.silu is fused; the ReLU and GELU calls stay in the graph."""
+def test_silu_only_fuses_only_silu_calls():
+    """fuse_acts="silu": of EveryCall's activation calls only F.silu is fused; the ReLU and GELU calls
+    stay in the graph."""
     model = randomize(EveryCall())
     ref = copy.deepcopy(model)
-    model, report = convert_groupnorm(model, fuse_calls=True)
+    model, report = convert_groupnorm(model, fuse_calls=True, fuse_acts="silu")
     assert report.fused == ["norms.10"] and report.rewritten == [""] and report.skipped == {}
     assert len(report.swapped) == len(EVERY_CALL)
     assert [norm.act for norm in model.norms] == [None] * 10 + ["silu", None]
@@ -611,10 +611,10 @@ def test_default_fuses_only_silu_calls():
     torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
     # A diffusers-style block with ReLU: both GroupNorms swapped, neither fused, forward not rewritten.
     block = randomize(ResnetBlock2D(8, 8, act_fn="relu"))
-    block, report = convert_groupnorm(block, fuse_calls=True)
+    block, report = convert_groupnorm(block, fuse_calls=True, fuse_acts="silu")
     assert report.summary() == {"swapped": 2, "fused": 0, "already": 0, "skipped": 0}
     assert report.rewritten == [] and "forward" not in vars(block) and block.norm1.act is None
-    block, report = convert_groupnorm(block, fuse_calls=True, fuse_acts=True)  # opting in fuses them
+    block, report = convert_groupnorm(block, fuse_calls=True)  # the default fuses them
     assert report.fused == ["norm1", "norm2"] and block.forward.acts == ("relu", "relu")
 
 

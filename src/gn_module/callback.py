@@ -113,8 +113,8 @@ class GNSwapCallback(Callback):
         fuse_acts, fuse_silu, include, exclude, min_channels, fuse_calls, autocast_output: passed to
             `gn_module.convert_groupnorm` (autocast_output="input": bf16/fp16 output under autocast,
             where torch's GroupNorm returns float32).
-            ``fuse_acts`` (default `DEFAULT_FUSE_ACTS`: SiLU, the GPU-validated ones; True: SiLU,
-            ReLU, GELU and tanh GELU; False: none; or some of "silu", "relu", "gelu", "gelu_tanh")
+            ``fuse_acts`` (default `DEFAULT_FUSE_ACTS` and True: SiLU, ReLU, GELU and tanh GELU;
+            False: none; or some of "silu", "relu", "gelu", "gelu_tanh")
             picks the activations fused into the GroupNorm before them (timm's GroupNormAct, an
             activation module after it in an nn.Sequential);
             ``fuse_silu=False`` takes SiLU out.

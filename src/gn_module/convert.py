@@ -74,10 +74,9 @@ FUSABLE_ACTS = ("silu", "relu", "gelu", "gelu_tanh")
 #: ``fuse_acts`` values, what they mean.
 FuseActs = bool | str | Iterable[str]
 #: What ``fuse_acts`` fuses when left at its default: the activations whose kernel epilogues have
-#: passed the GPU suite. ReLU and the GELUs are written (forward and backward, tile and task kernels)
-#: but their GPU tests (tests/gpu/test_acts.py) have not run yet: ``fuse_acts=True`` (or their names)
-#: opts in; they join the default once those tests pass on a GPU.
-DEFAULT_FUSE_ACTS: tuple[str, ...] = ("silu",)
+#: passed the GPU suite, all of them since the H200 run of 2026-11-30 (session 7: tests/gpu/test_acts.py,
+#: the plugin's and the sweep's rotated-activation cases; a planted GELU-derivative bug went red).
+DEFAULT_FUSE_ACTS: tuple[str, ...] = FUSABLE_ACTS
 
 # Stateless activation modules of timm computing F.gelu (qualified names: timm need not be installed).
 _TIMM_ACTS = {
@@ -248,8 +247,8 @@ def convert_groupnorm(
     classes are then skipped.
 
     ``fuse_acts`` picks the activations fused into a GroupNorm (module docstring): the default
-    `DEFAULT_FUSE_ACTS` (SiLU: the activations whose kernels have passed the GPU suite), True every one
-    of `FUSABLE_ACTS` ("silu", "relu", "gelu", "gelu_tanh"), False none, or some of those names;
+    `DEFAULT_FUSE_ACTS` (every one of `FUSABLE_ACTS`: "silu", "relu", "gelu", "gelu_tanh"), True the
+    same, False none, or some of those names;
     ``fuse_silu=False`` (the option from before the others were fused) takes "silu" out. A timm
     ``GroupNormAct`` whose activation may not be fused is left alone (skipped with the reason).
 
@@ -548,10 +547,7 @@ class _Converter(_Walker):
         if act == "silu" and not self.fuse_silu:
             return "its activation is SiLU and fuse_silu=False"
         allowed = ", ".join(a for a in FUSABLE_ACTS if a in self.acts) or "none"
-        why = f"its activation is {act!r}, which fuse_acts excludes (fused: {allowed})"
-        if act not in DEFAULT_FUSE_ACTS:
-            why += "; fuse_acts=True opts in (its kernel epilogue has not yet passed the GPU suite)"
-        return why
+        return f"its activation is {act!r}, which fuse_acts excludes (fused: {allowed})"
 
     def after_children(self, module: nn.Module, name: str) -> None:
         if self.acts and self.fuse_calls:

@@ -107,7 +107,7 @@ def test_converted_model_with_relu_and_gelu_runs_the_kernels(arch, no_tf32):
         nn.Conv2d(64, 64, 1), nn.GroupNorm(16, 64), nn.GELU(approximate="tanh"),
     ).cuda().to(memory_format=torch.channels_last)  # fmt: skip
     ref = copy.deepcopy(model)
-    model, report = gn_module.convert_groupnorm(model, fuse_acts=True)  # the default fuses SiLU only
+    model, report = gn_module.convert_groupnorm(model)  # the default fuses every act
     assert report.fused == ["1", "4", "7"] and [model[i].act for i in (1, 4, 7)] == [
         "relu",
         "gelu",
