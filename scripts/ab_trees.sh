@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A/B of kernel trees on the same GPU in one call: for each exported tree (git archive of a commit or
 # branch), the backward benchmark of the small shapes and the backward trace, logs under OUT/<name>.
-#   bash scripts/ab_trees.sh OUT main=.clean exp=.clean_exp
+#   bash scripts/ab_trees.sh OUT main=.clean exp=.clean_exp exp1=.clean_exp@tasks+bwd1
+# TREE@ARCH runs that tree under GN_ARCH=ARCH (else the environment's). Under tasks+bwd1 the trace has no
+# phases (the one-pass kernel sets no trace points), only the kernel's device time.
 # Each tree builds its own library (the build cache is keyed by the sources), and runs from its own
 # src/ (PYTHONPATH), so the trees may differ in csrc/ and in Python.
 set -uo pipefail
@@ -11,11 +13,17 @@ mkdir -p "$out" && out=$(cd "$out" && pwd)
 export PYTHONUNBUFFERED=1
 SHAPES=${AB_SHAPES:-2x320x64x64,2x640x32x32,2x1280x16x16,1x512x128x128}
 status=0
+env_arch=${GN_ARCH-}
 for pair in "$@"; do
   name=${pair%%=*}
-  tree=$(cd "${pair#*=}" && pwd) || exit 1
+  spec=${pair#*=}
+  arch=
+  if [[ $spec == *@* ]]; then arch=${spec#*@}; spec=${spec%%@*}; fi
+  tree=$(cd "$spec" && pwd) || exit 1
+  arch=${arch:-$env_arch}
+  if [ -n "$arch" ]; then export GN_ARCH=$arch; else unset GN_ARCH; fi
   mkdir -p "$out/$name"
-  echo "== $name ($tree)" | tee -a "$out/summary.txt"
+  echo "== $name ($tree${arch:+, GN_ARCH=$arch})" | tee -a "$out/summary.txt"
   (cd "$tree" && PYTHONPATH="$tree/src:$tree" python3 -m gn_module.bench --shapes "$SHAPES" --dtypes fp16 \
     --directions bwd --impls ours-auto --reps 50 --max-seconds 0.2 --json "$out/$name/bench.json" \
     --markdown "$out/$name/bench.md" >"$out/$name/bench.log" 2>&1) || status=1
