@@ -91,8 +91,7 @@ class Mismatch:
         if a.shape != e.shape:
             raise ValueError(f"{self.name}: shape {list(a.shape)} != reference {list(e.shape)}")
         if alternative is not None:
-            alt = alternative.detach().double().to(a.device)
-            e = torch.where((a - alt).abs() < (a - e).abs(), alt, e)
+            e = _project_reference.nearer(a, e, alternative)
         excess = (a - e).abs_().sub_(e.abs().mul_(self.rtol).add_(self.atol))
         if slack is not None:
             excess.sub_(slack.double().to(a.device))
