@@ -292,6 +292,7 @@ struct StreamArgs {
   long long nchunks;           // nwin * chunks_per_win
   int interleave;              // 0: all chunks of window 0, then window 1 (task order); 1: windows alternate
   int win_elems;               // window width in elements (TMA coordinates)
+  uint8_t* y;                  // k_stream_cpasync<true, *>: where each vector read is written back (same offset)
 };
 __device__ __forceinline__ void chunk_origin(const StreamArgs& a, long long c, long long& win, long long& row0) {
   if (a.interleave) {
@@ -341,6 +342,10 @@ constexpr int kStages = 4;
 constexpr int kStreamSmem = kStages * kStageBytes + 64;
 
 // cp.async 16 B into shared memory. Each thread reads back only the vectors it copied, so no CTA barrier.
+// WRITE: each vector is also stored (streaming) to a.y at its offset, as an apply pass would (read + write).
+// RANGES: CTA b takes the contiguous chunk range [b * n / grid, (b + 1) * n / grid) (the task kernels'
+// member ranges) instead of chunks b, b + grid, ... (grid-stride: neighbouring CTAs on neighbouring chunks).
+template <bool WRITE, bool RANGES>
 __global__ void __launch_bounds__(kStreamThreads, 1) k_stream_cpasync(StreamArgs a) {
   extern __shared__ __align__(128) uint8_t sm[];
   const int t = threadIdx.x;
@@ -350,14 +355,16 @@ __global__ void __launch_bounds__(kStreamThreads, 1) k_stream_cpasync(StreamArgs
   const int rows_per_slot = kStreamThreads >> a.log2_vpr;
   const int stage_rows = kStageBytes / a.row_bytes;
   const int stages_per_chunk = a.chunk_rows / stage_rows;
-  const long long my_chunks = (a.nchunks - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  const long long range0 = blockIdx.x * a.nchunks / gridDim.x, range1 = (blockIdx.x + 1) * a.nchunks / gridDim.x;
+  const long long my_chunks = RANGES ? range1 - range0 : (a.nchunks - blockIdx.x + gridDim.x - 1) / gridDim.x;
   const long long total = my_chunks * stages_per_chunk;
   constexpr int kVecs = kStageBytes / 16 / kStreamThreads;  // 4 copies per thread per stage
   const uint32_t base_s = smem_u32(sm);
+  auto chunk_of = [&](long long s) { return RANGES ? range0 + s / stages_per_chunk : blockIdx.x + (s / stages_per_chunk) * gridDim.x; };
   auto issue = [&](long long s) {
     if (s < total) {
       long long win, row0;
-      chunk_origin(a, blockIdx.x + (s / stages_per_chunk) * gridDim.x, win, row0);
+      chunk_origin(a, chunk_of(s), win, row0);
       row0 += (s % stages_per_chunk) * stage_rows;
       const uint8_t* g = a.x + (row0 + row_in) * a.row_stride + win * a.row_bytes + col_off;
       const uint32_t d = base_s + static_cast<uint32_t>((s % kStages) * kStageBytes + t * 16);
@@ -376,6 +383,14 @@ __global__ void __launch_bounds__(kStreamThreads, 1) k_stream_cpasync(StreamArgs
     const uint4* b = reinterpret_cast<const uint4*>(sm + (s % kStages) * kStageBytes) + t;
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) acc += fold(b[k * kStreamThreads]);
+    if (WRITE) {
+      long long win, row0;
+      chunk_origin(a, chunk_of(s), win, row0);
+      row0 += (s % stages_per_chunk) * stage_rows;
+      uint8_t* o = a.y + (row0 + row_in) * a.row_stride + win * a.row_bytes + col_off;
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) __stcs(reinterpret_cast<uint4*>(o + (long long)k * rows_per_slot * a.row_stride), b[k * kStreamThreads]);
+    }
   }
   a.sink[blockIdx.x * kStreamThreads + t] = acc;
 }
@@ -925,6 +940,7 @@ struct Table {
   std::vector<std::vector<std::string>> rows;
 };
 static std::vector<Table> g_tables;
+static std::vector<std::string> g_summary;  // lines for the run's summary
 static std::string g_outdir;
 
 static std::string fmt(const char* f, double v) {
@@ -1064,7 +1080,9 @@ static void measure_stream() {
   const void* ld_fns[] = {(const void*)k_stream_ld<16, 4>, (const void*)k_stream_ld<16, 8>, (const void*)k_stream_ld<16, 16>,
                           (const void*)k_stream_ld<8, 8>, (const void*)k_stream_ld<8, 16>};
   for (const void* f : ld_fns) CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
-  CK(cudaFuncSetAttribute(k_stream_cpasync, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
+  for (const void* f : {(const void*)k_stream_cpasync<false, false>, (const void*)k_stream_cpasync<false, true>,
+                        (const void*)k_stream_cpasync<true, false>, (const void*)k_stream_cpasync<true, true>})
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
   CK(cudaFuncSetAttribute(k_stream_bulk<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
   CK(cudaFuncSetAttribute(k_stream_bulk<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
 
@@ -1097,7 +1115,7 @@ static void measure_stream() {
         if (vars[i].vb == v.vb && vars[i].unroll == v.unroll) fn = ld_fns[i];
     } else {
       smem = kStreamSmem;
-      fn = v.kind == 1 ? (const void*)k_stream_cpasync : v.kind == 2 ? (const void*)k_stream_bulk<false> : (const void*)k_stream_bulk<true>;
+      fn = v.kind == 1 ? (const void*)k_stream_cpasync<false, false> : v.kind == 2 ? (const void*)k_stream_bulk<false> : (const void*)k_stream_bulk<true>;
       if (kStageBytes % a.row_bytes || a.chunk_rows % (kStageBytes / a.row_bytes)) return;
       if (v.kind == 3) {
         if (W > 256 || W == C) return;  // box dimensions are limited to 256 elements
@@ -1130,7 +1148,7 @@ static void measure_stream() {
           if (v.vb == 8 && v.unroll == 8) k_stream_ld<8, 8><<<grid, kStreamThreads, smem, g_s>>>(a);
           if (v.vb == 8 && v.unroll == 16) k_stream_ld<8, 16><<<grid, kStreamThreads, smem, g_s>>>(a);
           break;
-        case 1: k_stream_cpasync<<<grid, kStreamThreads, smem, g_s>>>(a); break;
+        case 1: k_stream_cpasync<false, false><<<grid, kStreamThreads, smem, g_s>>>(a); break;
         case 2: k_stream_bulk<false><<<grid, kStreamThreads, smem, g_s>>>(a, map); break;
         default: k_stream_bulk<true><<<grid, kStreamThreads, smem, g_s>>>(a, map); break;
       }
@@ -1179,6 +1197,64 @@ static void measure_stream() {
     for (int cps : {1, 2})
       for (int vi : {5, 6}) run_one(C, W, vars[vi], 128, 0, cps);
   }
+  emit(t);
+}
+
+// 1b. Walk order of a persistent grid: grid-stride chunks against contiguous per-CTA ranges (the task
+// kernels' member ranges), reading only (a stats pass) and reading + writing back (an apply pass).
+static void measure_order() {
+  Table t{"order",
+          "1b. Walk order: grid-stride chunks against one contiguous range per CTA, ~512 MiB NHWC fp16",
+          "cp.async ring of 4 x 16 KB stages per CTA (256 threads). grid-stride: CTA b reads chunks b, b + grid, ... "
+          "(neighbouring CTAs on neighbouring chunks); ranges: CTA b reads the chunks [b n / grid, (b + 1) n / grid) "
+          "in order, as a task kernel's members walk their tile ranges. write: every vector read is also stored "
+          "(st.global.cs) to another buffer, as an apply pass. TB/s counts bytes read + written; frac = / copy.",
+          {"C", "W ch", "chunk KB", "pass", "order", "CTAs/SM", "grid", "us", "TB/s", "frac"},
+          9,
+          {}};
+  auto run = [&](int C, int W, int chunk_kb, bool write, bool ranges, int cps) {
+    const long long rows = 512ll * kMiB / (2ll * C) / 6144 * 6144;
+    const long long tensor_bytes = rows * 2ll * C;
+    StreamArgs a{};
+    a.x = g_bufA;
+    a.y = g_bufB;
+    a.sink = g_sink;
+    a.row_stride = 2ll * C;
+    a.row_bytes = 2 * W;
+    a.nwin = C / W;
+    a.log2_vpr = ilog2(a.row_bytes / 16);
+    a.chunk_rows = chunk_kb * 1024 / a.row_bytes;
+    a.chunks_per_win = rows / a.chunk_rows;
+    a.nchunks = a.chunks_per_win * a.nwin;
+    a.win_elems = W;
+    const void* fn = write ? (ranges ? (const void*)k_stream_cpasync<true, true> : (const void*)k_stream_cpasync<true, false>)
+                           : (ranges ? (const void*)k_stream_cpasync<false, true> : (const void*)k_stream_cpasync<false, false>);
+    size_t smem = kStreamSmem;
+    if (cps) smem = std::max(smem, (size_t)g_dev.smem_per_sm / (cps + 1) - g_dev.smem_reserved + 128);
+    const int occ = occupancy(fn, kStreamThreads, smem);
+    if (occ == 0 || (cps && occ != cps)) return;
+    const int grid = static_cast<int>(std::min<long long>(a.nchunks, (long long)occ * g_dev.sms));
+    auto launch = [&] {
+      if (write && ranges) k_stream_cpasync<true, true><<<grid, kStreamThreads, smem, g_s>>>(a);
+      if (write && !ranges) k_stream_cpasync<true, false><<<grid, kStreamThreads, smem, g_s>>>(a);
+      if (!write && ranges) k_stream_cpasync<false, true><<<grid, kStreamThreads, smem, g_s>>>(a);
+      if (!write && !ranges) k_stream_cpasync<false, false><<<grid, kStreamThreads, smem, g_s>>>(a);
+      CK_LAUNCH();
+    };
+    const double us = median_us(2, 12, flush_l2, launch);
+    const double tbs = tensor_bytes * (write ? 2.0 : 1.0) / us / 1e6;
+    t.rows.push_back({istr(C), W == C ? std::string("all ") + istr(C) : istr(W), istr(chunk_kb), write ? "read+write" : "read",
+                      ranges ? "ranges" : "grid-stride", istr(occ) + (cps ? "*" : ""), istr(grid), fmt("%.1f", us),
+                      fmt("%.3f", tbs), fmt("%.3f", tbs / g_copy_tbs)});
+  };
+  // C=128 in one 128-channel window (1x128x1024x2048, 32x128x256x256), C=512 in 64-channel windows
+  const int shapes[][2] = {{128, 128}, {512, 64}};
+  for (const auto& cw : shapes)
+    for (bool write : {false, true})
+      for (int cps : {2, 0})
+        for (bool ranges : {false, true}) run(cw[0], cw[1], 64, write, ranges, cps);
+  for (auto& r : t.rows) g_summary.push_back("order C=" + r[0] + " W=" + r[1] + " " + r[3] + " " + r[4] + " " + r[5] +
+                                             " CTA/SM: " + r[8] + " TB/s (" + r[9] + " of copy)");
   emit(t);
 }
 
@@ -1456,7 +1532,6 @@ static bool same_plan(const ProtoPlan& a, const ProtoPlan& b) {
   return a.ok && b.ok && a.grid == b.grid && a.a.k == b.a.k && a.a.chunk_rows == b.a.chunk_rows;
 }
 
-static std::vector<std::string> g_summary;
 
 static void measure_onchip() {
   Table t{"onchip",
@@ -1868,12 +1943,16 @@ int main(int argc, char** argv) {
     fn();
     printf("(%s took %.1f s)\n", name, now_s() - s);
   };
+  // GN_MICRO_SECTIONS="copy,order" runs only those (copy always runs: the fractions need it).
+  const char* only = getenv("GN_MICRO_SECTIONS");
+  auto wanted = [&](const char* name) { return !only || strstr(only, name) != nullptr; };
   section("copy", measure_copy);
-  section("stream", measure_stream);
-  section("onchip", measure_onchip);
-  section("barrier", measure_barrier);
-  section("l2", measure_l2);
-  section("small", measure_small);
+  if (wanted("stream")) section("stream", measure_stream);
+  if (wanted("order")) section("order", measure_order);
+  if (wanted("onchip")) section("onchip", measure_onchip);
+  if (wanted("barrier")) section("barrier", measure_barrier);
+  if (wanted("l2")) section("l2", measure_l2);
+  if (wanted("small")) section("small", measure_small);
 
   // The copy again, last: if it moved by more than a few percent, the clocks or the card's state drifted.
   const double copy_first = g_copy_tbs;
