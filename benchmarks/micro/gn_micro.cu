@@ -1212,6 +1212,9 @@ static void measure_order() {
           {"C", "W ch", "chunk KB", "pass", "order", "CTAs/SM", "grid", "us", "TB/s", "frac"},
           9,
           {}};
+  for (const void* f : {(const void*)k_stream_cpasync<false, false>, (const void*)k_stream_cpasync<false, true>,
+                        (const void*)k_stream_cpasync<true, false>, (const void*)k_stream_cpasync<true, true>})
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
   auto run = [&](int C, int W, int chunk_kb, bool write, bool ranges, int cps) {
     const long long rows = 512ll * kMiB / (2ll * C) / 6144 * 6144;
     const long long tensor_bytes = rows * 2ll * C;
@@ -1232,7 +1235,10 @@ static void measure_order() {
     size_t smem = kStreamSmem;
     if (cps) smem = std::max(smem, (size_t)g_dev.smem_per_sm / (cps + 1) - g_dev.smem_reserved + 128);
     const int occ = occupancy(fn, kStreamThreads, smem);
-    if (occ == 0 || (cps && occ != cps)) return;
+    if (occ == 0 || (cps && occ != cps)) {
+      fprintf(stderr, "order: skipping C=%d W=%d cps=%d (occupancy %d)\n", C, W, cps, occ);
+      return;
+    }
     const int grid = static_cast<int>(std::min<long long>(a.nchunks, (long long)occ * g_dev.sms));
     auto launch = [&] {
       if (write && ranges) k_stream_cpasync<true, true><<<grid, kStreamThreads, smem, g_s>>>(a);
