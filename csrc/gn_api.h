@@ -56,6 +56,7 @@ typedef struct GnArgs {
   int32_t groups_per_window;
   int32_t windows_per_sample;
   int32_t chunks_per_tile;
+  int64_t off_group_partials;  // task backward: float offset of the per-(tile, group) partials
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

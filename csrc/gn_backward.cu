@@ -72,8 +72,8 @@ int launch_backward(const GnArgs& a, cudaStream_t stream) {
 
 // ---------------------------------------------------------------- task architecture (two-pass)
 // Stats over persistent teams (as the forward's): each member reduces its tiles of its team's tasks;
-// the last member of a task combines (bwd_combine_task), the last task of a window over the samples
-// writes dweight and dbias. Then dx over the same teams, tasks and chunks in reverse.
+// the last member of a task sums its group partials (bwd_combine_task). Then dx over the same teams,
+// tasks and chunks in reverse, and dweight and dbias from the channel partials (bwd_param_sums).
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
   const TaskSmem<T> sm(a, 2);
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       if (first) trace_point(a, 3);
       if (last) {
-        bwd_combine_task<T>(a, task, sm);
+        bwd_combine_task(a, task);
         if (first) trace_point(a, 4);
       }
       tiles_done += t1 - t0;
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
     const float count = static_cast<float>(a.s) * static_cast<float>(channels_per_group(a));
     const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task
     // trace points of the block's first task (its team's last): 8 start, 9 coefficients in, 10 dx
-    // written; 15 the block's end (the stats launch's points are 0-5)
+    // written; 11-12 dweight and dbias; 15 the block's end (the stats launch's points are 0-5)
     trace_point(a, 8);
     for (int64_t task = last; task >= team; task -= a.teams) {
       const bool first = task == last;
@@ -138,6 +138,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
       tiles_done += t1 - t0;
     }
   }
+  trace_point(a, 11);
+  bwd_param_sums(a, sm.scratch);  // every block: the launch's last one to arrive writes them
+  trace_point(a, 12);
   trace_point(a, 15);
   record(a, 2, static_cast<int>(tiles_done));
   record(a, 3, static_cast<int>(reread));

@@ -53,8 +53,8 @@ __device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 // Three words per task: an arrival counter (always left at zero), a flag (holds an epoch) and a
-// column counter (always left at zero; the backward counts a window's finished samples on the word
-// of the window's task in sample 0). The layout does not depend on the launch's task count, so a
+// column counter (always left at zero; the backward's apply launch counts its finished blocks on
+// task 0's). The layout does not depend on the launch's task count, so a
 // counter word is never a flag word of an earlier launch with other shapes. schedule.TaskPlan.sync_words.
 constexpr int kSyncWordsPerTask = 3;
 __device__ __forceinline__ unsigned* arrivals(const GnArgs& a, int64_t task) {
@@ -196,12 +196,14 @@ struct TaskSmem {
     const int64_t chunk_bytes = (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
     const int width = a.cols_threads * a.vec;
     const int srows = (32 % a.cols_threads) == 0 ? kWarps : a.rows_threads;  // fold_channels' rows
+    // the backward's apply launch also folds its warps' dweight/dbias strips there (bwd_param_strip)
+    const int scratch_pairs = tensors == 2 ? max(srows * width, kThreads) : srows * width;
     slot0 = reinterpret_cast<T*>(smem);
     tensor_elems = static_cast<int>(chunk_bytes / static_cast<int64_t>(sizeof(T)));
     slot_elems = tensors * tensor_elems;
     unsigned char* p = smem + a.slots * tensors * chunk_bytes;
     scratch = reinterpret_cast<float2*>(p);
-    p += static_cast<int64_t>(srows) * width * 8;
+    p += static_cast<int64_t>(scratch_pairs) * 8;
     chan = reinterpret_cast<float2*>(p);
     p += static_cast<int64_t>(width) * 8;
     param = reinterpret_cast<float2*>(p);
@@ -635,17 +637,41 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
 // ---------------------------------------------------------------- backward (GN_ARCH=tasks+bwd)
 // Per channel of a task: s1 = sum of dz and s2 = sum of dz * xhat over the task's rows, where
 // xhat = (x - mean) * rstd and dz = dy * act'(z), z = xhat * w + b (the tile kernels' grad_z).
-// Tiles hold per-channel partials [task][tile][channel of the window]; the last member of a task to
-// arrive sums them over tiles in order into the sample's channel sums [n][c] and, from those, each
-// group's (sum w * s1, sum w * s2) into [n][g]; the last task of a window over the samples sums the
-// channel sums over samples in order into dbias and dweight. dx = rstd * (w * dz - (A + xhat * B) / M)
-// with M the group's element count. Every sum has a fixed order: bitwise equal across grids.
+// Each tile writes two partials: per channel [task][tile][channel of the window] (s1, s2), and per
+// group [task][tile][group of the window] (sum w * s1, sum w * s2) over the group's channels in order.
+// dx needs only the group sums: the last member of a task to arrive sums the group partials over
+// tiles in order into [n][g] (a few KB: the critical path between the launches stays short).
+// dweight and dbias need the channel sums, which nothing waits for: the apply launch's blocks sum
+// the channel partials over tiles in strips of 32 channels into [n][c], and its last block to finish
+// sums those over samples in order. dx = rstd * (w * dz - (A + xhat * B) / M) with M the group's
+// element count. Every sum has a fixed order: bitwise equal across grids.
 
 __device__ __forceinline__ float2* bwd_partials(const GnArgs& a, int64_t task) {
   return reinterpret_cast<float2*>(a.workspace + a.off_partials) + task * a.tiles_per_task * a.window;
 }
+__device__ __forceinline__ float2* bwd_group_partials(const GnArgs& a, int64_t task) {
+  return reinterpret_cast<float2*>(a.workspace + a.off_group_partials) +
+         task * a.tiles_per_task * groups_per_window(a);
+}
 // (gn_kernels.cuh's channel_sums [n][c] hold (sum dz, sum dz * xhat) here, group_sums [n][g]
 // (sum w * dz, sum w * dz * xhat).)
+
+// A finished tile's partials from sm.chan (fold_channels): per channel, and per group weighted by w.
+__device__ __forceinline__ void write_tile_partials(const GnArgs& a, const float2* chan, const float2* param,
+                                                    float2* per_channel, float2* per_group) {
+  for (int i = threadIdx.x; i < a.window; i += kThreads) per_channel[i] = chan[i];
+  const int cpg = channels_per_group(a);
+  for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
+    float2 acc = make_float2(0.f, 0.f);
+    for (int k = 0; k < cpg; ++k) {
+      const float w = param[gl * cpg + k].x;
+      const float2 s = chan[gl * cpg + k];
+      acc.x = fmaf(w, s.x, acc.x);
+      acc.y = fmaf(w, s.y, acc.y);
+    }
+    per_group[gl] = acc;
+  }
+}
 
 // A thread's V channels: its groups' (mean, rstd) from sm.grp, (w, b) from sm.param.
 template <int V>
@@ -708,6 +734,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
   const T* x = static_cast<const T*>(a.x) + base;
   const T* dy = static_cast<const T*>(a.dy) + base;
   float2* parts = bwd_partials(a, task);
+  float2* gparts = bwd_group_partials(a, task);
+  const int gw = groups_per_window(a);
   const int cpt = chunks_per_tile(a);
   const int chunks = static_cast<int>(t1 - t0) * cpt;
   const int rt = a.rows_threads;
@@ -740,8 +768,7 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         }
         if (++in_tile == cpt) {
           fold_channels<T, V>(a, lane, sm, s1, s2);
-          float2* out = parts + tile * a.window;
-          for (int i = threadIdx.x; i < a.window; i += kThreads) out[i] = sm.chan[i];
+          write_tile_partials(a, sm.chan, sm.param, parts + tile * a.window, gparts + tile * gw);
           in_tile = 0;
           ++tile;
         }
@@ -749,61 +776,68 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
   return chunks;
 }
 
-// Column sums of a [tiles][width] float2 array, one column per `lanes` threads: lane j sums the rows
-// [j*P/L, (j+1)*P/L) in order, then the lanes fold by xor (a fixed order). Returns the total in lane 0.
-__device__ __forceinline__ float2 column_sum(const float2* p, int width, int rows, int col, int lanes, int j) {
-  const int lo = j * rows / lanes, hi = (j + 1) * rows / lanes;
-  // rows in order, 16 loads in flight (the last member's combine is on the backward's critical path)
-  float2 acc = sum_partials(p + col, lo, hi, width);
-  for (int o = lanes / 2; o > 0; o >>= 1) {
-    acc.x += __shfl_xor_sync(kFull, acc.x, o);
-    acc.y += __shfl_xor_sync(kFull, acc.y, o);
+// The last member of a task: the groups' sums over the task's tiles, from the tiles' group partials
+// [tile][group] (group_stats' order: lane j of a group sums the tiles [j*P/L, (j+1)*P/L) in order, then
+// the L lanes fold by xor).
+static __device__ void bwd_combine_task(const GnArgs& a, int64_t task) {
+  const int gw = groups_per_window(a);
+  const int tiles = static_cast<int>(a.tiles_per_task);
+  const int lanes = combine_lanes(gw);
+  const int j = threadIdx.x % lanes;
+  const int lo = j * tiles / lanes, hi = (j + 1) * tiles / lanes;
+  const float2* parts = bwd_group_partials(a, task);
+  float2* out = group_sums(a) + task_group0(a, task);
+  for (int base = 0; base < gw; base += kThreads / lanes) {
+    const int gl = base + threadIdx.x / lanes;
+    float2 acc = gl < gw ? sum_partials(parts + gl, lo, hi, gw) : make_float2(0.f, 0.f);
+    for (int o = lanes / 2; o > 0; o >>= 1) {
+      acc.x += __shfl_xor_sync(kFull, acc.x, o);
+      acc.y += __shfl_xor_sync(kFull, acc.y, o);
+    }
+    if (gl < gw && j == 0) out[gl] = acc;
   }
-  return acc;
 }
 
-// The last member of a task: channel sums over the task's tiles, the groups' sums, and, for the
-// last sample of the window to finish, dweight and dbias of the window's channels.
-template <typename T>
-__device__ void bwd_combine_task(const GnArgs& a, int64_t task, const TaskSmem<T>& sm) {
+// Strips of dweight/dbias work: 32 channels of one task's window each (apply launch, bwd_param_sums).
+__device__ __forceinline__ int64_t bwd_param_strips(const GnArgs& a) {
+  return task_count(a) * ((a.window + 31) / 32);
+}
+
+// One strip: the channel sums [n][c] of 32 channels of a task over its tiles. Warp w sums the tiles
+// [w*P/8, (w+1)*P/8) in order (lane = channel, coalesced), then warp 0 adds the eighths in order
+// (through `fold`, kThreads float2 of shared memory).
+static __device__ void bwd_param_strip(const GnArgs& a, int64_t strip, float2* fold) {
+  const int per_task = static_cast<int>((a.window + 31) / 32);
+  const int64_t task = strip / per_task;
   const int width = static_cast<int>(a.window);
-  const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
-  const int lanes = combine_lanes(width);
-  const int j = threadIdx.x % lanes;
-  float2* sums = channel_sums(a) + n * a.c + c0;
-  for (int base = 0; base < width; base += kThreads / lanes) {
-    const int c = base + threadIdx.x / lanes;
-    const float2 acc = column_sum(bwd_partials(a, task), width, static_cast<int>(a.tiles_per_task),
-                                  min(c, width - 1), lanes, j);
-    if (c < width && j == 0) {
-      sm.chan[c] = acc;
-      sums[c] = acc;
-    }
-  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int cl = static_cast<int>(strip % per_task) * 32 + lane;
+  const int tiles = static_cast<int>(a.tiles_per_task);
+  const int lo = warp * tiles / kWarps, hi = (warp + 1) * tiles / kWarps;
+  fold[threadIdx.x] = cl < width ? sum_partials(bwd_partials(a, task) + cl, lo, hi, width) : make_float2(0.f, 0.f);
   __syncthreads();
-  const int cpg = channels_per_group(a);
-  for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
-    float2 acc = make_float2(0.f, 0.f);
-    for (int k = 0; k < cpg; ++k) {
-      const float w = sm.param[gl * cpg + k].x;
-      const float2 s = sm.chan[gl * cpg + k];
-      acc.x = fmaf(w, s.x, acc.x);
-      acc.y = fmaf(w, s.y, acc.y);
+  if (warp == 0 && cl < width) {
+    float2 acc = fold[lane];
+    for (int w = 1; w < kWarps; ++w) {
+      acc.x += fold[w * 32 + lane].x;
+      acc.y += fold[w * 32 + lane].y;
     }
-    group_sums(a)[task_group0(a, task) + gl] = acc;
+    channel_sums(a)[task_sample(a, task) * a.c + task_c0(a, task) + cl] = acc;
   }
+  __syncthreads();  // fold is reused
+}
+
+// dweight and dbias (every block of the apply launch, after its dx): the block's strips (strip i
+// goes to block i % grid: which block sums a strip changes no bits), then the launch's last block to
+// arrive sums the channel sums over samples in order. The stats launch finished every partial.
+static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
   if (a.dweight == nullptr && a.dbias == nullptr) return;
-  const int64_t column = task % windows_per_sample(a);  // the window's task in sample 0 counts samples
-  if (!arrive(columns(a, column), static_cast<unsigned>(a.n))) return;
-  for (int c = threadIdx.x; c < width; c += kThreads) {
-    float2 acc = make_float2(0.f, 0.f);
-    for (int64_t m = 0; m < a.n; ++m) {
-      const float2 v = __ldcg(channel_sums(a) + m * a.c + c0 + c);
-      acc.x += v.x;
-      acc.y += v.y;
-    }
-    if (a.dbias != nullptr) a.dbias[c0 + c] = acc.x;
-    if (a.dweight != nullptr) a.dweight[c0 + c] = acc.y;
+  for (int64_t strip = blockIdx.x; strip < bwd_param_strips(a); strip += gridDim.x) bwd_param_strip(a, strip, fold);
+  if (!arrive(columns(a, 0), gridDim.x)) return;  // (task 0's column word: the launch's block count)
+  for (int c = threadIdx.x; c < a.c; c += kThreads) {
+    const float2 acc = sum_partials(channel_sums(a) + c, 0, static_cast<int>(a.n), static_cast<int>(a.c));
+    if (a.dbias != nullptr) a.dbias[c] = acc.x;
+    if (a.dweight != nullptr) a.dweight[c] = acc.y;
   }
 }
 

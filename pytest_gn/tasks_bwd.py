@@ -3,9 +3,10 @@
 The task backward (csrc/gn_backward.cu ``bwd_task_stats``, ``bwd_task_apply``) has one schedule: two
 launches over the persistent teams of `schedule.make_task_plan`. Each member of a team takes the tiles
 [t0, t1) of every task of its team (`schedule.member_tiles`), reduces them chunk by chunk through its
-ring of ``slots`` chunk pairs (x and dy) into one per-channel partial per tile, and the task's last
-member sums the partials over tiles in order (``bwd_combine_task``), the window's last sample writing
-dweight and dbias; the apply launch reads every chunk again. Nothing is kept on chip, so the backward's
+ring of ``slots`` chunk pairs (x and dy) into one per-channel and one per-group partial per tile; the
+task's last member sums the group partials over tiles in order (``bwd_combine_task``); the apply launch
+reads every chunk again, and its blocks sum the channel partials into dweight and dbias
+(``bwd_param_sums``). Nothing is kept on chip, so the backward's
 overflow is not a re-read (every chunk is read twice by design): it is a member with more than one tile
 of a task, the tile architecture's overflow tile within a team.
 

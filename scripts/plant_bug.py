@@ -44,7 +44,7 @@ TILE_SAMPLE = "    n = tile / a.tiles_per_slice;"
 TASK_FINISH_TILE = "          finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);"
 # member_bwd_stats: a tile's per-channel partial written to the workspace
 TASK_BWD_TILE_PARTIAL = (
-    "          for (int i = threadIdx.x; i < a.window; i += kThreads) out[i] = sm.chan[i];"
+    "          write_tile_partials(a, sm.chan, sm.param, parts + tile * a.window, gparts + tile * gw);"
 )
 GROUPS_OF_VECTOR = "  for (int v = 0; v < V; ++v) g[v] = first == last ? first : (c + v) / d;"
 
@@ -118,7 +118,7 @@ PLANTINGS = {
     ),
     "task-bwd-overflow-drop": Planting(
         "gn_tasks.cuh", TASK_BWD_TILE_PARTIAL,
-        "          // PLANTED: a member with several tiles of a task never writes its last tile's partial\n"
+        "          // PLANTED: a member with several tiles of a task never writes its last tile's partials\n"
         "          if (!(t1 - t0 > 1 && tile == t1 - 1))\n"
         "  " + TASK_BWD_TILE_PARTIAL,
         "task backward (GN_ARCH=tasks+bwd): a member with more than one tile of a task never writes its last "

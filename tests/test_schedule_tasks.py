@@ -186,7 +186,12 @@ def test_backward_plans_are_two_pass_with_their_workspace_and_two_tensors_per_sl
     bwd = schedule.task_tiling(128, 32, 65536, 2, "bwd", batch=32)
     # x and dy share a slot: a slot holds two chunks, the fixed part is the forward's
     assert schedule.task_smem_bytes(bwd, 3) - schedule.task_smem_bytes(bwd, 0) == 2 * 3 * bwd.chunk_bytes
-    assert schedule.task_smem_bytes(bwd, 0) == schedule.task_smem_bytes(fwd, 0)
+    assert schedule.task_smem_bytes(bwd, 0) == schedule.task_smem_bytes(fwd, 0)  # (scratch >= 8 x 32 float2)
+    # a narrow window's scratch grows to the apply launch's dweight/dbias fold: 8 warps x 32 float2
+    narrow = {d: schedule.task_tiling(4, 2, 4096, 2, d) for d in ("fwd", "bwd")}
+    assert narrow["fwd"].cols_threads * narrow["fwd"].vec < 32
+    extra = schedule.task_smem_bytes(narrow["bwd"], 0) - schedule.task_smem_bytes(narrow["fwd"], 0)
+    assert extra == 8 * (256 - 8 * narrow["fwd"].cols_threads * narrow["fwd"].vec) > 0
     assert schedule.choose_task_schedule(bwd, 264, 3) == 2
     with pytest.raises(ValueError, match="one-pass"):
         schedule.make_task_plan(bwd, 1, 3, residency=264)
@@ -195,6 +200,7 @@ def test_backward_plans_are_two_pass_with_their_workspace_and_two_tensors_per_sl
         "partials": 2 * bwd.tasks * bwd.tiles_per_task * bwd.window,
         "channel_sums": 2 * 32 * 128,
         "group_sums": 2 * 32 * 32,
+        "group_partials": 2 * bwd.tasks * bwd.tiles_per_task * bwd.groups_per_window,
     }
     assert p.sync_words == 2 + 3 * bwd.tasks and p.reread_tiles == 0
 

@@ -82,6 +82,7 @@ class GnArgs(ctypes.Structure):
         ("groups_per_window", _i32),
         ("windows_per_sample", _i32),
         ("chunks_per_tile", _i32),
+        ("off_group_partials", _i64),
     ]
 
 

@@ -439,6 +439,7 @@ def _workspace_offsets(a: _abi.GnArgs, floats: dict[str, int]) -> None:
     a.off_level = offsets.get("level", 0)
     a.off_channel_sums = offsets.get("channel_sums", 0)
     a.off_group_sums = offsets.get("group_sums", 0)
+    a.off_group_partials = offsets.get("group_partials", 0)
 
 
 def _args(

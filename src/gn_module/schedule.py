@@ -504,7 +504,10 @@ def task_smem_bytes(t: TaskTiling, slots: int) -> int:
     (weight, bias), per-group (mean, rstd) and backward coefficients."""
     width = t.cols_threads * t.vec
     # fold_channels folds a warp's rows first when a warp holds whole rows (32 % columns == 0)
-    scratch = (THREADS // 32 if 32 % t.cols_threads == 0 else t.rows_threads) * width * 8
+    scratch_pairs = (THREADS // 32 if 32 % t.cols_threads == 0 else t.rows_threads) * width
+    if t.direction == "bwd":  # the apply launch folds its warps' dweight/dbias strips there (32 each)
+        scratch_pairs = max(scratch_pairs, THREADS)
+    scratch = scratch_pairs * 8
     tensors = TENSORS_ON_CHIP[t.direction]
     return slots * tensors * t.chunk_bytes + scratch + 2 * width * 8 + 2 * t.groups_per_window * 8
 
@@ -675,11 +678,13 @@ def make_task_plan(
         raise ValueError("the task backward has no one-pass kernel yet")
     if t.direction == "fwd":  # (sum, sum of squares) per (task, group of the window, tile)
         workspace = {"partials": 2 * t.tasks * t.groups_per_window * t.tiles_per_task}
-    else:  # (sum dz, sum dz * xhat) per (task, tile, channel), per (sample, channel), per (sample, group)
+    else:  # (sum dz, sum dz * xhat) per (task, tile, channel), per (sample, channel), per (sample, group);
+        # (sum w dz, sum w dz xhat) per (task, tile, group)
         workspace = {
             "partials": 2 * t.tasks * t.tiles_per_task * t.window,
             "channel_sums": 2 * t.batch * t.channels,
             "group_sums": 2 * t.batch * t.groups,
+            "group_partials": 2 * t.tasks * t.tiles_per_task * t.groups_per_window,
         }
     if schedule == 1:
         blocks = residency if cap is None else min(residency, cap)
