@@ -57,6 +57,7 @@ typedef struct GnArgs {
   int32_t windows_per_sample;
   int32_t chunks_per_tile;
   int64_t off_group_partials;  // task backward: float offset of the per-(tile, group) partials
+  int32_t grad_dtype;          // dtype code dweight and dbias are stored in (the task backward: w_dtype)
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

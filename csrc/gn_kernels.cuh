@@ -80,6 +80,17 @@ __device__ __forceinline__ float load_param(const void* p, int dtype, int64_t c,
   return static_cast<const float*>(p)[c];
 }
 
+// A parameter gradient stored in the parameters' dtype (GnArgs.grad_dtype; rounded once, as torch does).
+__device__ __forceinline__ void store_param(void* p, int dtype, int64_t c, float v) {
+  if (dtype == 1) {
+    static_cast<__half*>(p)[c] = __float2half_rn(v);
+  } else if (dtype == 2) {
+    static_cast<__nv_bfloat16*>(p)[c] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(p)[c] = v;
+  }
+}
+
 // The fast division: no slow-path branch per element (ncu on the task apply: the precise
 // reciprocal's range check serialised SiLU); 1 + exp(-z) overflowing to inf gives 0, the limit.
 __device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }

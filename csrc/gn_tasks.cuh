@@ -829,15 +829,16 @@ static __device__ void bwd_param_strip(const GnArgs& a, int64_t strip, float2* f
 
 // dweight and dbias (every block of the apply launch, after its dx): the block's strips (strip i
 // goes to block i % grid: which block sums a strip changes no bits), then the launch's last block to
-// arrive sums the channel sums over samples in order. The stats launch finished every partial.
+// arrive sums the channel sums over samples in order and stores them in the parameters' dtype (no
+// cast kernels after the launch). The stats launch finished every partial.
 static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
   if (a.dweight == nullptr && a.dbias == nullptr) return;
   for (int64_t strip = blockIdx.x; strip < bwd_param_strips(a); strip += gridDim.x) bwd_param_strip(a, strip, fold);
   if (!arrive(columns(a, 0), gridDim.x)) return;  // (task 0's column word: the launch's block count)
   for (int c = threadIdx.x; c < a.c; c += kThreads) {
     const float2 acc = sum_partials(channel_sums(a) + c, 0, static_cast<int>(a.n), static_cast<int>(a.c));
-    if (a.dbias != nullptr) a.dbias[c] = acc.x;
-    if (a.dweight != nullptr) a.dweight[c] = acc.y;
+    if (a.dbias != nullptr) store_param(a.dbias, a.grad_dtype, c, acc.x);
+    if (a.dweight != nullptr) store_param(a.dweight, a.grad_dtype, c, acc.y);
   }
 }
 

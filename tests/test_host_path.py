@@ -479,8 +479,9 @@ def test_training_route_launches_as_the_general_one(train_stub, monkeypatch, cas
     """The lean forward and backward (`_forward_lean`, `_backward_lean`) against the general `forward`
     and `backward` (taken inside launch_record): the same non-pointer GnArgs fields in both
     directions, gradients of the same dtypes, shapes and strides, and the pointers of the step's
-    tensors: the backward reads the mean and rstd the forward wrote, writes the dx and the float32
-    dweight and dbias it returns, and the forward's workspace is not among the saved tensors."""
+    tensors: the backward reads the mean and rstd the forward wrote, writes the dx and the dweight and
+    dbias it returns where they need no cast (float32 parameters; the task backward stores them in the
+    parameters' dtype, GnArgs.grad_dtype), and the forward's workspace is not among the saved tensors."""
     monkeypatch.setenv(ops.ENV_ARCH, arch)
     x = cl().bfloat16() if case.startswith("bf16") else cl()
     w, b = (_leaf(t) for t in PARAMS[case]())
@@ -508,8 +509,10 @@ def test_training_route_launches_as_the_general_one(train_stub, monkeypatch, cas
     param = w if w is not None else b
     for name, p in (("dweight", w), ("dbias", b)):
         assert bwd[name]
-        as_written = p is not None and param.dtype == torch.float32
+        as_written = p is not None and (param.dtype == torch.float32 or bwd["arch"] == 2)
         assert (bwd[name] in returned) == as_written, name
+    typed = bwd["arch"] == 2 and param is not None
+    assert bwd["grad_dtype"] == (_abi.DTYPE_CODES[str(param.dtype).removeprefix("torch.")] if typed else 0)
     assert bool(fwd["sync"]) == (fwd["arch"] == 2) and bool(bwd["sync"]) == (bwd["arch"] == 2)
     sync_buffers = {buf.data_ptr() for buf in ops._sync_buffers.values()}
     assert all(f["sync"] in sync_buffers for f in (fwd, bwd) if f["sync"])
@@ -533,17 +536,23 @@ class _WritingStub(host_overhead.PyStubLibrary):
         ng = a.n * a.g
         assert list((ctypes.c_float * ng).from_address(a.mean)) == [float(i) for i in range(ng)]
         assert list((ctypes.c_float * ng).from_address(a.rstd)) == [-float(i) for i in range(ng)]
-        (ctypes.c_float * a.c).from_address(a.dweight)[:] = [float(c) for c in range(a.c)]
-        (ctypes.c_float * a.c).from_address(a.dbias)[:] = [-float(c) for c in range(a.c)]
+        for ptr, sign in ((a.dweight, 1.0), (a.dbias, -1.0)):  # in the dtype GnArgs.grad_dtype names
+            values = torch.arange(a.c, dtype=torch.float32) * sign
+            dtype = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}[a.grad_dtype]
+            data = values.to(dtype).view(torch.uint8 if dtype is torch.float32 else torch.int16)
+            raw = data.numpy().tobytes()
+            ctypes.memmove(ptr, raw, len(raw))
         return 0
 
 
+@pytest.mark.parametrize("arch", ["tiles", "tasks+bwd"])
 @pytest.mark.parametrize("pdtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("route", ["lean", "general"])
-def test_parameter_gradients_are_what_the_kernels_wrote(monkeypatch, pdtype, route):
+def test_parameter_gradients_are_what_the_kernels_wrote(monkeypatch, pdtype, route, arch):
     """The backward reads the statistics the forward wrote and returns the dweight and dbias the
-    kernels wrote, in the parameters' dtype (through the scratch for float16/bfloat16)."""
-    monkeypatch.setenv(ops.ENV_ARCH, "tiles")
+    kernels wrote, in the parameters' dtype (the tile kernels write float32, cast through the scratch
+    for float16/bfloat16; the task backward writes the parameters' dtype itself)."""
+    monkeypatch.setenv(ops.ENV_ARCH, arch)
     with host_overhead.cpu_device(_WritingStub()):
         x = _leaf(cl((3, 64, 4, 4)) if pdtype != torch.bfloat16 else cl((3, 64, 4, 4)).bfloat16())
         w, b = (_leaf(t) for t in params(dtype=pdtype))

@@ -83,6 +83,7 @@ class GnArgs(ctypes.Structure):
         ("windows_per_sample", _i32),
         ("chunks_per_tile", _i32),
         ("off_group_partials", _i64),
+        ("grad_dtype", _i32),
     ]
 
 

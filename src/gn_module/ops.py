@@ -429,6 +429,12 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _typed_param_grads(p: Plan | schedule.TaskPlan) -> bool:
+    """Whether the launch stores dweight and dbias in the parameters' dtype (the task backward), rather
+    than in float32 for a cast after it (the tile kernels)."""
+    return isinstance(p, schedule.TaskPlan) and p.direction == "bwd"
+
+
 def _workspace_offsets(a: _abi.GnArgs, floats: dict[str, int]) -> None:
     """Float offsets of the workspace regions, in the plan's order (schedule.workspace_layout)."""
     offsets, total = {}, 0
@@ -469,6 +475,7 @@ def _args(
         a.channels_per_group, a.groups_per_window = t.channels // t.groups, t.groups_per_window
         a.windows_per_sample, a.chunks_per_tile = t.channels // t.window, t.chunks_per_tile
         a.rows_per_tile, a.tiles_per_slice, a.col_chunks = t.rows_per_tile, t.tiles_per_task, 1
+        a.grad_dtype = a.w_dtype if _typed_param_grads(p) else 0
         _workspace_offsets(a, p.workspace_floats)
         return a
     a.arch = 1
@@ -823,15 +830,16 @@ def backward(
     p, a = _prepare("bwd", x, num_groups, eps, act, passes, param, dy)
     c = x.shape[1]
     dx = torch.empty_like(x)
-    dw32 = torch.empty(c, dtype=torch.float32, device=x.device)
-    db32 = torch.empty(c, dtype=torch.float32, device=x.device)
+    gdt = pdt if _typed_param_grads(p) else torch.float32  # the dtype the kernels store them in
+    dw = torch.empty(c, dtype=gdt, device=x.device)
+    db = torch.empty(c, dtype=gdt, device=x.device)
     ws = _workspace(p, x.device)
-    _poisoned(dx, dw32, db32, ws)
+    _poisoned(dx, dw, db, ws)
     a.x, a.dy, a.out, a.weight, a.bias = x.data_ptr(), dy.data_ptr(), dx.data_ptr(), _ptr(weight), _ptr(bias)
     a.mean, a.rstd, a.workspace = mean.data_ptr(), rstd.data_ptr(), ws.data_ptr()
-    a.dweight, a.dbias = dw32.data_ptr(), db32.data_ptr()
+    a.dweight, a.dbias = dw.data_ptr(), db.data_ptr()
     _run("bwd", p, a, x)
-    return dx, dw32.to(pdt), db32.to(pdt)
+    return dx, dw.to(pdt), db.to(pdt)
 
 
 def _backward_lean(
@@ -853,8 +861,9 @@ def _backward_lean(
     where wanted, else None.
 
     The workspace shares one float32 allocation with the dweight and dbias the kernels write, except
-    those returned as written (float32 parameters), which get their own tensors as before; for
-    float16/bfloat16 parameters the wanted ones are converted from that scratch as `backward` does.
+    those returned as written (float32 parameters, and any parameters under the task backward, which
+    stores them in the parameters' dtype), which get their own tensors; for float16/bfloat16 parameters
+    under the tile kernels the wanted ones are converted from that scratch as `backward` does.
     """
     if dy.stride() != x.stride():  # gradients arrive in any layout; the kernels read x's
         dy = torch.empty_like(x).copy_(dy)
@@ -868,11 +877,13 @@ def _backward_lean(
     ws = scratch.data_ptr()
     dw_at, db_at = launch.offsets
     dw = db = None
-    as_written = param is None or param.dtype is torch.float32
+    typed = _typed_param_grads(launch.plan)  # stored in the parameters' dtype by the kernels
+    as_written = param is None or param.dtype is torch.float32 or typed
+    gdt = param.dtype if typed and param is not None else torch.float32
     if as_written and want_dweight:
-        dw = torch.empty(x.shape[1], dtype=torch.float32, device=x.device)
+        dw = torch.empty(x.shape[1], dtype=gdt, device=x.device)
     if as_written and want_dbias:
-        db = torch.empty(x.shape[1], dtype=torch.float32, device=x.device)
+        db = torch.empty(x.shape[1], dtype=gdt, device=x.device)
     pointers = _abi.POINTERS.pack(
         ptr,
         dy_ptr,
