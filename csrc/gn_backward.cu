@@ -82,14 +82,11 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
   trace_point(a, 0);
   if (team < a.teams) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
-    // trace points of the block's first task: 1 parameters in, 2 stats done, 3 arrived, 4 combined
-    // (the task's last member only); 5 the block's end (scripts/profile_tasks.py --trace-bwd)
+    // trace points of the block's first task: 2 stats done (the parameters and statistics load
+    // behind the first copies), 3 arrived, 4 combined (the task's last member only); 5 the block's
+    // end (scripts/profile_tasks.py --trace-bwd)
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       const bool first = task == team;
-      load_task_params(a, task, sm.param);
-      load_group_stats(a, task, sm.grp);
-      __syncthreads();
-      if (first) trace_point(a, 1);
       member_bwd_stats<T, V>(a, task, t0, t1, sm);
       if (first) trace_point(a, 2);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
@@ -115,22 +112,13 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams && team < tasks) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
-    const float count = static_cast<float>(a.s) * static_cast<float>(channels_per_group(a));
     const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task
-    // trace points of the block's first task (its team's last): 8 start, 9 coefficients in, 10 dx
-    // written; 11-12 dweight and dbias; 15 the block's end (the stats launch's points are 0-5)
+    // trace points of the block's first task (its team's last): 8 start, 10 dx written (the
+    // coefficients load behind the first copies); 11-12 dweight and dbias; 15 the block's end (the
+    // stats launch's points are 0-5)
     trace_point(a, 8);
     for (int64_t task = last; task >= team; task -= a.teams) {
       const bool first = task == last;
-      load_task_params(a, task, sm.param);
-      load_group_stats(a, task, sm.grp);
-      const int64_t ng0 = task_group0(a, task);
-      for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
-        const float2 q = __ldcg(group_sums(a) + ng0 + gl);
-        sm.coef[gl] = make_float2(q.x / count, q.y / count);
-      }
-      __syncthreads();
-      if (first) trace_point(a, 9);
       reread += with_act(a.act, [&](auto act) {  // (each ends with a barrier)
         return member_bwd_apply<T, V, decltype(act)::value>(a, task, t0, t1, sm);
       });

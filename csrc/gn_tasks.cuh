@@ -574,16 +574,18 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, T* y, int64_t 
 
 // Walks the chunks [0, chunks) of a member's range newest first through the ring of `slots` (chunk q
 // lives in slot q % slots): `read(q, slot)` fills a slot if chunk q is to be read (returns 1 then,
-// else 0; q may be negative), `use(q, slot)` consumes one, and each slot is refilled with the chunk
-// `slots` older as soon as this thread has used it. Returns the reads.
-template <typename Read, typename Use>
-__device__ __forceinline__ int walk_ring_backwards(int chunks, int slots, Read&& read, Use&& use) {
+// else 0; q may be negative), `started()` runs once the first `slots` reads are in flight, `use(q,
+// slot)` consumes one, and each slot is refilled with the chunk `slots` older as soon as this thread
+// has used it. Returns the reads.
+template <typename Read, typename Started, typename Use>
+__device__ __forceinline__ int walk_ring_backwards(int chunks, int slots, Read&& read, Started&& started, Use&& use) {
   const int last_slot = chunks > 0 ? (chunks - 1) % slots : 0;
   int reads = 0;
   for (int i = 0, slot = last_slot; i < slots; ++i, slot = prev_slot(slot, slots)) {
     reads += read(chunks - 1 - i, slot);
     cp_async_commit();
   }
+  started();
   int slot = last_slot;
   for (int q = chunks - 1; q >= 0; --q) {
     cp_async_wait(slots - 1);
@@ -622,7 +624,7 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     }
     return 0;
   };
-  const int reread = walk_ring_backwards(chunks, slots, reread_into, [&](int q, int slot) {
+  const int reread = walk_ring_backwards(chunks, slots, reread_into, [] {}, [&](int q, int slot) {
     if (!lane.active) return;
     const T* s = mine + slot * sm.slot_elems;
     T* y = out + tc.offset(q);
@@ -677,7 +679,7 @@ __device__ __forceinline__ void write_tile_partials(const GnArgs& a, const float
 template <int V>
 struct BwdCoefs {
   float mean[V], rstd[V], w[V], b[V];
-  __device__ BwdCoefs(const GnArgs& a, const float2* grp, const float2* param, int col) {
+  __device__ void load(const GnArgs& a, const float2* grp, const float2* param, int col) {
     int g[V];
     column_groups<V>(a, col, g);
 #pragma unroll
@@ -723,9 +725,21 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const T* sd, in
   }
 }
 
+// The task's weight and bias into sm.param and its mean and rstd into sm.grp, then this thread's
+// coefficients from them: run while a member's first chunk copies are in flight (their latency
+// hides these loads'; a barrier inside: every thread calls it).
+template <typename T, int V>
+__device__ __forceinline__ void load_bwd_coefs(const GnArgs& a, int64_t task, const TaskSmem<T>& sm, int col,
+                                               BwdCoefs<V>& k) {
+  load_task_params(a, task, sm.param);
+  load_group_stats(a, task, sm.grp);
+  __syncthreads();
+  k.load(a, sm.grp, sm.param, col);
+}
+
 // The backward stats of the tiles [t0, t1) of `task`: x and dy chunk by chunk through the ring of
-// `slots` chunk pairs, one per-channel partial per tile. sm.grp and sm.param hold the task's
-// statistics and parameters (visible). Returns the number of chunks.
+// `slots` chunk pairs, one per-channel and one per-group partial per tile. The task's statistics and
+// parameters are loaded into sm.grp and sm.param behind the first copies. Returns the number of chunks.
 template <typename T, int V>
 __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
   const TaskLane lane(a);
@@ -742,7 +756,7 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
-  const BwdCoefs<V> k(a, sm.grp, sm.param, lane.col);
+  BwdCoefs<V> k;
   float s1[V], s2[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
@@ -758,7 +772,7 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
         copy_rows<T, V>(dy + off, gstep, s + sm.tensor_elems, sstep, rt, limit);
       },
-      [] {},
+      [&] { load_bwd_coefs<T, V>(a, task, sm, lane.col, k); },
       [&](int q, int slot) {
         if (lane.active) {
           const T* s = mine + slot * sm.slot_elems;
@@ -867,8 +881,9 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const T* sd, int sst
 }
 
 // Writes dx for the tiles [t0, t1) of `task`, chunk pairs read again in reverse order through the
-// ring (the activation a template parameter: one set of live coefficients per instantiation). sm.grp, sm.param and sm.coef (per group (A / M, B / M)) hold the task's values (visible).
-// Returns the number of chunks read.
+// ring (the activation a template parameter: one set of live coefficients per instantiation). Behind
+// the first copies: the task's parameters, statistics and per-group (A / M, B / M) into sm.param,
+// sm.grp and sm.coef. Returns the number of chunks read.
 template <typename T, int V, int kAct>
 __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
   const TaskLane lane(a);
@@ -877,9 +892,16 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   const T* x = static_cast<const T*>(a.x) + base;
   const T* dy = static_cast<const T*>(a.dy) + base;
   T* dx = static_cast<T*>(a.out) + base;
-  const BwdCoefs<V> k(a, sm.grp, sm.param, lane.col);
+  BwdCoefs<V> k;
   float ka[V], kb[V];
-  {
+  auto load_coefs = [&] {  // (a barrier inside: every thread runs it)
+    const float count = static_cast<float>(a.s) * static_cast<float>(channels_per_group(a));
+    const int64_t ng0 = task_group0(a, task);
+    for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
+      const float2 q = __ldcg(group_sums(a) + ng0 + gl);
+      sm.coef[gl] = make_float2(q.x / count, q.y / count);
+    }
+    load_bwd_coefs<T, V>(a, task, sm, lane.col, k);
     int g[V];
     column_groups<V>(a, lane.col, g);
 #pragma unroll
@@ -887,7 +909,7 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
       ka[v] = sm.coef[g[v]].x;
       kb[v] = sm.coef[g[v]].y;
     }
-  }
+  };
   const int slots = a.slots;
   const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
   const int rt = a.rows_threads;
@@ -905,7 +927,7 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
     }
     return 1;
   };
-  const int reads = walk_ring_backwards(chunks, slots, read_into, [&](int q, int slot) {
+  const int reads = walk_ring_backwards(chunks, slots, read_into, load_coefs, [&](int q, int slot) {
     if (!lane.active) return;
     const T* s = mine + slot * sm.slot_elems;
     apply_rows_bwd<T, V, kAct>(s, s + sm.tensor_elems, sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);

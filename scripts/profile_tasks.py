@@ -83,15 +83,14 @@ def trace_all() -> int:
     return 0
 
 
-#: Task backward trace points (csrc/gn_backward.cu): the stats launch's 0-5, the apply launch's 8-12 and 15.
+#: Task backward trace points (csrc/gn_backward.cu): the stats launch's 0 and 2-5, the apply launch's 8,
+#: 10-12 and 15.
 BWD_PHASES = (
-    ("stats launch: parameters in", 0, 1),
-    ("stats launch: x, dy reduced", 1, 2),
+    ("stats launch: parameters in, x and dy reduced", 0, 2),
     ("stats launch: arrive", 2, 3),
     ("stats launch: last member's combine", 3, 4),
     ("stats launch: whole block", 0, 5),
-    ("apply launch: coefficients in", 8, 9),
-    ("apply launch: dx written", 9, 10),
+    ("apply launch: coefficients in, dx written", 8, 10),
     ("apply launch: dweight, dbias", 11, 12),
     ("apply launch: whole block", 8, 15),
 )
