@@ -134,13 +134,78 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   record(a, 3, static_cast<int>(reread));
 }
 
+// One launch (GN_ARCH=tasks+bwd1, opt-in): the same teams, tiles and sums as the two launches above,
+// so the same bits. Each member reduces its tiles keeping its last `slots` chunk pairs on chip; the
+// task's last member sums the group partials and publishes them with the task's flag (the forward
+// one-pass kernel's epochs); every member then sums its share of the task's dweight/dbias strips and
+// writes dx, re-reading only the chunk pairs it could not keep. Needs every block resident (a
+// cooperative launch, grid <= residency: schedule.make_task_plan).
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
+  const TaskSmem<T> sm(a, 2);
+  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  // thread 0's epoch target and counts in shared memory: registers live across the stats and apply
+  // loops spilled on sm_110 and sm_120. The target is read after the first stats phase (a load before
+  // it would hold up the first copies).
+  __shared__ unsigned target;
+  __shared__ int tasks_done, reread;
+  if (threadIdx.x == 0) tasks_done = reread = 0;
+  if (team < a.teams) {
+    const int t0 = member_tile(a, member), t1 = member_tile(a, member + 1);  // (32-bit: schedule.task_tiling)
+    const int tasks = static_cast<int>(task_count(a));  // (below 2**31: schedule.task_tiling)
+    for (int task = team; task < tasks; task += a.teams) {
+      member_bwd_stats<T, V>(a, task, t0, t1, sm);
+      if (task == team && threadIdx.x == 0) target = launch_target(a);
+      if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) {
+        bwd_combine_task(a, task);
+        __syncthreads();
+        if (threadIdx.x == 0) store_release(flags(a, task), target);  // after the barrier: all threads' writes
+      } else {
+        if (threadIdx.x == 0) {
+          while (load_acquire(flags(a, task)) != target) __nanosleep(32);
+        }
+        __syncthreads();
+      }
+      // every tile's partials of the task are written: this member's strips of its dweight/dbias
+      if (a.dweight != nullptr || a.dbias != nullptr) {
+        const int per_task = static_cast<int>((a.window + 31) / 32);  // (bwd_param_strip)
+        for (int j = member; j < per_task; j += a.team_size) bwd_param_strip(a, task * per_task + j, sm.scratch);
+      }
+      const int r = with_act(a.act, [&](auto act) {  // (each ends with a barrier)
+        const int kept = min((t1 - t0) * chunks_per_tile(a), a.slots);  // what member_bwd_stats left on chip
+        return member_bwd_apply<T, V, decltype(act)::value>(a, task, t0, t1, sm, kept);
+      });
+      if (threadIdx.x == 0) {
+        reread += r;
+        tasks_done += 1;
+      }
+    }
+  }
+  bwd_param_totals(a);  // every block: the last one to arrive writes dweight and dbias (barriers inside)
+  __syncthreads();
+  const int tiles = team < a.teams ? tasks_done * (member_tile(a, member + 1) - member_tile(a, member)) : 0;
+  // (tasks_done and reread were last written by thread 0, before bwd_param_totals' barriers)
+  record(a, 1, tiles);
+  record(a, 2, tiles);
+  record(a, 3, reread);
+  if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+  finish_launch(a);
+}
+
 template <typename Cfg>
 int launch_backward_tasks(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
   constexpr int V = Cfg::vec;
-  if (a.schedule != 2) return cudaErrorNotSupported;  // no one-pass task backward yet (schedule.py agrees)
   if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) return cudaErrorInvalidValue;
   cudaError_t err;
+  if (a.schedule == 1) {
+    const void* kernel = reinterpret_cast<const void*>(bwd_task_onepass<T, V>);
+    if ((err = allow_smem(kernel, a.smem)) != cudaSuccess) return err;
+    GnArgs copy = a;
+    void* params[] = {&copy};
+    err = cudaLaunchCooperativeKernel(kernel, dim3(a.grid), dim3(kThreads), params, a.smem, stream);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  }
   if ((err = allow_smem(reinterpret_cast<const void*>(bwd_task_stats<T, V>), a.smem)) != cudaSuccess) return err;
   if ((err = allow_smem(reinterpret_cast<const void*>(bwd_task_apply<T, V>), a.smem)) != cudaSuccess) return err;
   const unsigned blocks = static_cast<unsigned>(a.grid);
@@ -150,11 +215,17 @@ int launch_backward_tasks(const GnArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Blocks per SM of the task backward: the fewer of its stats and one-pass kernels' (the teams are
+// the same for both schedules).
 int task_backward_occupancy(int dtype, int vec, int smem, int* blocks) {
   return visit_config(dtype, vec, [&](auto cfg) {
     using C = decltype(cfg);
-    return static_cast<int>(
-        occupancy_of(reinterpret_cast<const void*>(bwd_task_stats<typename C::type, C::vec>), smem, blocks));
+    using T = typename C::type;
+    int stats = 0, onepass = 0;
+    cudaError_t err = occupancy_of(reinterpret_cast<const void*>(bwd_task_stats<T, C::vec>), smem, &stats);
+    if (err == cudaSuccess) err = occupancy_of(reinterpret_cast<const void*>(bwd_task_onepass<T, C::vec>), smem, &onepass);
+    *blocks = min(stats, onepass);
+    return static_cast<int>(err);
   });
 }
 

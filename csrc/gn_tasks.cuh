@@ -845,9 +845,18 @@ static __device__ void bwd_param_strip(const GnArgs& a, int64_t strip, float2* f
 // goes to block i % grid: which block sums a strip changes no bits), then the launch's last block to
 // arrive sums the channel sums over samples in order and stores them in the parameters' dtype (no
 // cast kernels after the launch). The stats launch finished every partial.
+static __device__ void bwd_param_totals(const GnArgs& a);
+
 static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
   if (a.dweight == nullptr && a.dbias == nullptr) return;
   for (int64_t strip = blockIdx.x; strip < bwd_param_strips(a); strip += gridDim.x) bwd_param_strip(a, strip, fold);
+  bwd_param_totals(a);
+}
+
+// Once every strip is summed (every block calls it after its strips): the launch's last block to
+// arrive sums the channel sums over samples in order into dweight and dbias.
+static __device__ void bwd_param_totals(const GnArgs& a) {
+  if (a.dweight == nullptr && a.dbias == nullptr) return;
   if (!arrive(columns(a, 0), gridDim.x)) return;  // (task 0's column word: the launch's block count)
   for (int c = threadIdx.x; c < a.c; c += kThreads) {
     const float2 acc = sum_partials(channel_sums(a) + c, 0, static_cast<int>(a.n), static_cast<int>(a.c));
@@ -880,12 +889,14 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const T* sd, int sst
   }
 }
 
-// Writes dx for the tiles [t0, t1) of `task`, chunk pairs read again in reverse order through the
-// ring (the activation a template parameter: one set of live coefficients per instantiation). Behind
+// Writes dx for the tiles [t0, t1) of `task`, chunk pairs in reverse order through the ring: the last
+// `kept` are still in their slots (the one-pass kernel: member_bwd_stats just read them), the others are
+// read again (the activation a template parameter: one set of live coefficients per instantiation). Behind
 // the first copies: the task's parameters, statistics and per-group (A / M, B / M) into sm.param,
 // sm.grp and sm.coef. Returns the number of chunks read.
 template <typename T, int V, int kAct>
-__device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
+__device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
+                                int kept = 0) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t base = task_sample(a, task) * a.s * a.c + task_c0(a, task);
@@ -916,8 +927,9 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
-  auto read_into = [&](int q, int slot) {  // every chunk is read again (nothing was kept)
-    if (q < 0) return 0;
+  const int fresh = chunks - kept;  // chunk pairs [0, fresh) are read again; the last `kept` are in their slots
+  auto read_into = [&](int q, int slot) {
+    if (q < 0 || q >= fresh) return 0;
     if (lane.active) {
       const int64_t off = tc.offset(q);
       const int limit = tc.limit(q);

@@ -192,9 +192,12 @@ def test_backward_plans_are_two_pass_with_their_workspace_and_two_tensors_per_sl
     assert narrow["fwd"].cols_threads * narrow["fwd"].vec < 32
     extra = schedule.task_smem_bytes(narrow["bwd"], 0) - schedule.task_smem_bytes(narrow["fwd"], 0)
     assert extra == 8 * (256 - 8 * narrow["fwd"].cols_threads * narrow["fwd"].vec) > 0
-    assert schedule.choose_task_schedule(bwd, 264, 3) == 2
-    with pytest.raises(ValueError, match="one-pass"):
-        schedule.make_task_plan(bwd, 1, 3, residency=264)
+    assert schedule.choose_task_schedule(bwd, 264, 3) == 2  # its one-pass kernel is opt-in
+    one_round = schedule.task_tiling(1280, 32, 256, 2, "bwd", batch=2)
+    assert schedule.choose_task_schedule(one_round, 264, 3) == 2
+    assert schedule.choose_task_schedule(one_round, 264, 3, backward_onepass=True) == 1
+    assert schedule.choose_task_schedule(bwd, 264, 3, backward_onepass=True) == 2  # several rounds
+    assert schedule.make_task_plan(bwd, 1, 3, residency=264).schedule == 1
     p = schedule.make_task_plan(bwd, 2, 3, residency=264)
     assert p.workspace_floats == {
         "partials": 2 * bwd.tasks * bwd.tiles_per_task * bwd.window,

@@ -25,8 +25,11 @@ ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
 #: tiles held in shared memory, persistent teams), "tasks" (the task forward, the backward on the tile
 #: kernels: the default from 23c9d03 until the task backward passed the GPU suite, its plugin and sweep
 #: overflow cases and the sanitizers in session 6) or "tiles" (tile partials + reduction levels for both).
+#: "tasks+bwd1": "tasks+bwd" with the task backward's one-pass kernel where a task fits on chip (opt-in
+#: until it passes the GPU suite; the same bits as the two launches).
 ENV_ARCH = "GN_ARCH"
-ARCHS = ("tiles", "tasks", "tasks+bwd")
+ARCHS = ("tiles", "tasks", "tasks+bwd", "tasks+bwd1")
+TASK_BACKWARD_ARCHS = ("tasks+bwd", "tasks+bwd1")
 DEFAULT_ARCH = "tasks+bwd"
 
 # Caps and variants are process-wide (not thread-local): autograd runs backward on its own thread.
@@ -354,14 +357,18 @@ def task_plan(
 ) -> schedule.TaskPlan | None:
     """The task-architecture plan for this device, or None where the task kernels do not apply.
 
-    The backward runs on them only with GN_ARCH=tasks+bwd. It has one schedule, two launches, and
-    `passes=1` runs that too: the tile kernels' one-pass backward sums in another order, and a
-    result must not change its bits with the schedule asked for.
+    The backward runs on them only with GN_ARCH=tasks+bwd (two launches; `passes=1` runs those too: the
+    tile kernels' one-pass backward sums in another order, and a result must not change its bits with
+    the schedule asked for) or tasks+bwd1 (its one-pass kernel too, the same bits: opt-in).
     """
+    onepass_bwd = False
     if direction == "bwd":
-        if current_arch() != "tasks+bwd":
+        arch = current_arch()
+        if arch not in TASK_BACKWARD_ARCHS:
             return None
-        schedule_ = 2
+        onepass_bwd = arch == "tasks+bwd1"
+        if not onepass_bwd:
+            schedule_ = 2
     n, s, c = _nsc(shape)
     name = _dtype_name(dtype)
     t = schedule.task_tiling(c, num_groups, s, schedule.ITEMSIZE[name], direction, batch=n, aligned=aligned)
@@ -376,7 +383,8 @@ def task_plan(
     cap = current_cap() if cap is None else cap
     chosen = schedule_
     if chosen == "auto":
-        chosen = schedule.choose_task_schedule(t, residency if cap is None else min(residency, cap), slots)
+        blocks = residency if cap is None else min(residency, cap)
+        chosen = schedule.choose_task_schedule(t, blocks, slots, backward_onepass=onepass_bwd)
     chosen = int(chosen)
     if chosen == 1 and residency < 1:
         raise RuntimeError(f"gn_module: the one-pass task kernel cannot run C={c} {name} on this device")

@@ -575,15 +575,17 @@ def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
     return best[1]
 
 
-def choose_task_schedule(t: TaskTiling, blocks: int, slots: int) -> int:
+def choose_task_schedule(t: TaskTiling, blocks: int, slots: int, backward_onepass: bool = False) -> int:
     """passes="auto" for the task kernels with `blocks` resident one-pass blocks: one launch when the
     whole tensor fits on chip at once (one round per team, nothing read twice), else two launches.
 
     Measured on the H200 (RESULTS.md, commit 7c83c1b): one-pass is 5-20 % faster where it holds
     everything in one round (16 MiB and below), and 5-36 % slower once a team needs several rounds
     (their phases do not overlap: 32x128x256x256, 1x512x256x256) or overflows (1x128x1024x2048).
+    The backward takes the same rule with `backward_onepass` (GN_ARCH=tasks+bwd1, opt-in: its one-pass
+    kernel has not passed the GPU suite yet), else two launches.
     """
-    if blocks < 1 or t.direction == "bwd":  # the backward has no one-pass task kernel yet
+    if blocks < 1 or (t.direction == "bwd" and not backward_onepass):  # its one-pass kernel is opt-in
         return 2
     teams = choose_teams(t, blocks, slots)
     return 1 if teams.rounds == 1 and teams.overflow_chunks == 0 else 2
@@ -674,8 +676,6 @@ def make_task_plan(
         raise ValueError(f"residency cap must be >= 1, got {cap}")
     if not 1 <= slots <= MAX_SLOTS:
         raise ValueError(f"slots must be in 1..{MAX_SLOTS}, got {slots}")
-    if t.direction == "bwd" and schedule == 1:
-        raise ValueError("the task backward has no one-pass kernel yet")
     if t.direction == "fwd":  # (sum, sum of squares) per (task, group of the window, tile)
         workspace = {"partials": 2 * t.tasks * t.groups_per_window * t.tiles_per_task}
     else:  # (sum dz, sum dz * xhat) per (task, tile, channel), per (sample, channel), per (sample, group);

@@ -1,0 +1,79 @@
+"""GPU tests of the task backward's one-pass kernel (GN_ARCH=tasks+bwd1, opt-in): fp64 agreement with
+poisoned outputs for every act, the same bits as the two launches and across residency caps (from one
+resident block up: members with more chunk pairs than slots re-read them), and the launch record against
+the schedule model (tiles in both phases, chunk pairs read twice)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gn_module import ops, schedule
+
+from .test_kernels import check_against_reference, make_case, run
+from .test_task_backward import DTYPES, SHAPES
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+ACTS = [None, "silu", "relu", "gelu", "gelu_tanh"]
+
+
+@pytest.fixture(autouse=True)
+def _tasks_bwd1(monkeypatch):
+    monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd1")
+    with ops.poison_outputs():
+        yield
+
+
+def _check_record(bwd: dict) -> None:
+    p = bwd["plan"]
+    assert bwd["arch"] == 2 and bwd["schedule"] == p.schedule == 1
+    assert bwd["grid"] == p.grid
+    assert bwd["tiles_phase1"] == bwd["tiles_applied"] == p.tiles  # every tile in both phases
+    assert bwd["chunks_reread"] == schedule.task_reread_chunks(p)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
+@pytest.mark.parametrize("act", ACTS, ids=lambda a: a or "noact")
+@pytest.mark.parametrize(
+    ("shape", "groups"), SHAPES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else f"G{v}"
+)
+def test_onepass_backward_against_fp64(shape, groups, dtype, act):
+    x, w, b, dy = make_case(shape, groups, DTYPES[dtype], mean=0.5 if act == "relu" else 3.0)
+    with ops.launch_record() as rec:
+        check_against_reference(x, groups, w, b, act, 1, dy)
+    _check_record(rec["bwd"])
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3, 7])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_onepass_backward_under_caps_rereads_what_the_model_says_with_the_same_bits(dtype, cap):
+    """Caps shrink the teams, so members hold more chunk pairs than slots and read the rest again."""
+    x, w, b, dy = make_case((3, 320, 40, 40), 32, DTYPES[dtype])
+    two = run(x, 32, w, b, "silu", 2, dy)
+    with ops.max_resident_blocks(cap), ops.launch_record() as rec:
+        one = run(x, 32, w, b, "silu", 1, dy)
+    _check_record(rec["bwd"])
+    assert rec["bwd"]["chunks_reread"] > 0 or cap > 2
+    for name, a, b_ in zip(("y", "dx", "dweight", "dbias"), one, two, strict=True):
+        assert torch.equal(a, b_), f"{name} differs between the one-pass and two-pass backward (cap {cap})"
+
+
+def test_auto_picks_one_launch_where_a_task_fits_and_two_where_it_does_not():
+    # on the H200: 2x1280x16x16 runs 8 tasks in teams of 11 members, one chunk pair each (one launch);
+    # 8x128x128x128 runs 16 tasks in 8 teams of 33: two rounds (two launches)
+    for shape in ((2, 1280, 16, 16), (8, 128, 128, 128)):
+        x, w, b, dy = make_case(shape, 32, torch.float16)
+        with ops.launch_record() as rec:
+            run(x, 32, w, b, "silu", "auto", dy)
+        teams = rec["bwd"]["plan"].teams
+        fits = teams.rounds == 1 and teams.overflow_chunks == 0
+        assert rec["bwd"]["schedule"] == (1 if fits else 2), (shape, teams)
+        if fits:
+            _check_record(rec["bwd"])
+            assert rec["bwd"]["chunks_reread"] == 0
+
+
+def test_no_affine_writes_no_parameter_gradients():
+    x, _, _, dy = make_case((2, 128, 24, 24), 32, torch.bfloat16, affine=False)
+    check_against_reference(x, 32, None, None, None, 1, dy)
