@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer's four tools over scripts/sanitize_workload.py; prints one summary line per tool.
 # Usage: [SANITIZE_TOOLS="memcheck ..."] bash scripts/sanitize.sh [LOGDIR]
-# GN_ARCH in the environment picks the kernels the workload runs (tasks, tasks+bwd).
+# GN_ARCH in the environment picks the kernels the workload runs (tasks, tasks+bwd, tasks+bwd1).
 set -uo pipefail
 out=${1:-sanitize-logs}
 mkdir -p "$out"

@@ -3,13 +3,14 @@
 # before steps 4 and 7 got the backward task cases), logs under OUTDIR:
 #   1. warm the caches (native + PTX variants, ptxas reports of the sweep's profiles: scripts/prebuild.py);
 #   2. the forward check (correctness, bitwise across caps and schedules, timings against the tile kernels);
-#   3. the task backward's GPU tests (GN_ARCH=tasks+bwd, tests/gpu/test_task_backward.py);
+#   3. the task backward's GPU tests (GN_ARCH=tasks+bwd, tests/gpu/test_task_backward.py; its opt-in one-pass
+#      kernel, GN_ARCH=tasks+bwd1, tests/gpu/test_task_backward_onepass.py);
 #   4. the plugin's task cases (`--gn-arch tasks`: forward and backward), then with the planted task-overflow-drop
 #      and task-bwd-overflow-drop bugs (must go red);
 #   5. forward and backward benchmarks of the task kernels with eager and torch.compile in the same run;
-#   6. the whole GPU suite with GN_ARCH=tasks, then with GN_ARCH=tasks+bwd;
+#   6. the whole GPU suite with GN_ARCH=tasks, then with GN_ARCH=tasks+bwd, then with GN_ARCH=tasks+bwd1;
 #   7. the arch sweep's task cases on every profile, then with the planted bugs (must go red);
-#   8. compute-sanitizer over the task kernels;
+#   8. compute-sanitizer over the task kernels (then with GN_ARCH=tasks+bwd1: "8b" leaves that out);
 #   9. the task kernels' time at team sizes 1, 2, 4, ... (to calibrate schedule.choose_teams);
 #  10. host time per call (no-grad and training step, ours and torch's);
 #  11. the task backward's phases per block and its two launches' device times (profile_tasks.py --trace-bwd).
@@ -47,7 +48,8 @@ fi
 
 if ! skip 3; then
   step "3 task backward tests (GN_ARCH=tasks+bwd)"
-  python3 -m pytest tests/gpu/test_task_backward.py -q -p no:randomly -p xdist -n 4 >"$out/bwd_tests.log" 2>&1 || status=1
+  python3 -m pytest tests/gpu/test_task_backward.py tests/gpu/test_task_backward_onepass.py -q -p no:randomly \
+    -p xdist -n 4 >"$out/bwd_tests.log" 2>&1 || status=1
   tail_to_summary "$out/bwd_tests.log" 3
 fi
 
@@ -80,12 +82,15 @@ if ! skip 5; then
   tail_to_summary "$out/tasks_bench.log" 4
 fi
 if ! skip 6; then
-  step "6 the GPU suite with GN_ARCH=tasks, then with GN_ARCH=tasks+bwd"
+  step "6 the GPU suite with GN_ARCH=tasks, then tasks+bwd, then tasks+bwd1 (the one-pass backward)"
   GN_ARCH=tasks python3 -m pytest tests/gpu -q -p no:randomly -p xdist -n 8 >"$out/gpu_suite_tasks.log" 2>&1 || status=1
   tail_to_summary "$out/gpu_suite_tasks.log" 2
   GN_ARCH=tasks+bwd python3 -m pytest tests/gpu -q -p no:randomly -p xdist -n 8 >"$out/gpu_suite_tasks_bwd.log" 2>&1 \
     || status=1
   tail_to_summary "$out/gpu_suite_tasks_bwd.log" 2
+  GN_ARCH=tasks+bwd1 python3 -m pytest tests/gpu -q -p no:randomly -p xdist -n 8 >"$out/gpu_suite_tasks_bwd1.log" \
+    2>&1 || status=1
+  tail_to_summary "$out/gpu_suite_tasks_bwd1.log" 2
 fi
 
 if ! skip 7; then
@@ -111,6 +116,10 @@ if ! skip 8; then
   step "8 compute-sanitizer (memcheck, racecheck, synccheck) over the task kernels (GN_ARCH=tasks+bwd)"
   GN_ARCH=tasks+bwd SANITIZE_TOOLS="memcheck racecheck synccheck" bash scripts/sanitize.sh "$out/sanitize" \
     2>&1 | tee -a "$out/summary.txt" || status=1
+  if ! skip 8b; then  # the one-pass backward (opt-in)
+    GN_ARCH=tasks+bwd1 SANITIZE_TOOLS="memcheck racecheck synccheck" bash scripts/sanitize.sh "$out/sanitize_bwd1" \
+      2>&1 | tee -a "$out/summary.txt" || status=1
+  fi
 fi
 
 if ! skip 9; then
