@@ -127,6 +127,14 @@ PLANTINGS = {
         # tiles: all but the x1 cases of one tile per task (tests/test_plugin_tasks_bwd.py counts them)
         "bwd-tasks", True,
     ),
+    "task-bwd1-reread-skip": Planting(
+        "gn_tasks.cuh", "    if (q < 0 || q >= fresh) return 0;",
+        "    if (q < 0 || q >= fresh || kept > 0) return 0;  // PLANTED: no overflow read again",
+        "task backward one-pass (GN_ARCH=tasks+bwd1): a member with more chunk pairs than slots never reads "
+        "the ones it could not keep again, so their dx comes from whatever its slots still hold",
+        # tests/gpu/test_task_backward_onepass.py: the capped runs and shapes whose members wrap their ring
+        "onepass and (caps or 300x257 or 96x96)", False,
+    ),
     "act-gelu-grad": Planting(
         "gn_kernels.cuh", "    return dy * fmaf(z, pdf, cdf);",
         "    return dy * cdf;  // PLANTED: the GELU derivative loses its z * pdf term",

@@ -4,7 +4,8 @@
 #   1. warm the caches (native + PTX variants, ptxas reports of the sweep's profiles: scripts/prebuild.py);
 #   2. the forward check (correctness, bitwise across caps and schedules, timings against the tile kernels);
 #   3. the task backward's GPU tests (GN_ARCH=tasks+bwd, tests/gpu/test_task_backward.py; its opt-in one-pass
-#      kernel, GN_ARCH=tasks+bwd1, tests/gpu/test_task_backward_onepass.py);
+#      kernel, GN_ARCH=tasks+bwd1, tests/gpu/test_task_backward_onepass.py, then with the planted
+#      task-bwd1-reread-skip: must go red);
 #   4. the plugin's task cases (`--gn-arch tasks`: forward and backward), then with the planted task-overflow-drop
 #      and task-bwd-overflow-drop bugs (must go red);
 #   5. forward and backward benchmarks of the task kernels with eager and torch.compile in the same run;
@@ -51,6 +52,11 @@ if ! skip 3; then
   python3 -m pytest tests/gpu/test_task_backward.py tests/gpu/test_task_backward_onepass.py -q -p no:randomly \
     -p xdist -n 4 >"$out/bwd_tests.log" 2>&1 || status=1
   tail_to_summary "$out/bwd_tests.log" 3
+  planted_dir=$(python3 scripts/plant_bug.py task-bwd1-reread-skip)
+  GN_CSRC_DIR="$planted_dir" python3 -m pytest tests/gpu/test_task_backward_onepass.py -q -p no:randomly -p xdist \
+    -n 4 -k caps >"$out/bwd1_planted.log" 2>&1
+  tail_to_summary "$out/bwd1_planted.log" 3
+  planted "$out/bwd1_planted.log" "the capped runs whose members re-read chunk pairs (caps 1 and 2 at least) fail"
 fi
 
 if ! skip 4; then

@@ -26,7 +26,11 @@ def _module():
 plant_bug = _module()
 
 #: The source whose kernels instantiate each task planting's site (csrc/gn_tasks.cuh's device functions).
-TASK_PLANTING_SOURCES = {"task-overflow-drop": "gn_forward.cu", "task-bwd-overflow-drop": "gn_backward.cu"}
+TASK_PLANTING_SOURCES = {
+    "task-overflow-drop": "gn_forward.cu",
+    "task-bwd-overflow-drop": "gn_backward.cu",
+    "task-bwd1-reread-skip": "gn_backward.cu",
+}
 
 
 def test_every_planting_site_is_in_csrc_exactly_once() -> None:
