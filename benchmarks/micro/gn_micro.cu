@@ -1200,6 +1200,126 @@ static void measure_stream() {
   emit(t);
 }
 
+// 1c. The task kernels' per-element arithmetic inside the same ring: does it cost bandwidth?
+// MATH 1: the stats pass (fp16 -> fp32, minus a per-channel shift, sum and sum of squares per channel);
+// MATH 2: the apply pass (fp16 -> fp32, (x - mean) * scale + beta, -> fp16, streaming store). VECS 16-B
+// vectors per thread per stage (4: the task kernels' 16 KB chunks; 8: 32 KB). C = 128 in one window
+// (16 threads per 256-B row: a thread's 8 channels are fixed). 4 stages, grid-stride chunks of one stage.
+template <int MATH, int VECS>
+__global__ void __launch_bounds__(kStreamThreads, 1) k_math_ring(const uint8_t* x, uint8_t* y, uint32_t* sink,
+                                                                  long long stages_total) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  constexpr int kStage = VECS * 16 * kStreamThreads;
+  constexpr int kRing = 4;
+  const int t = threadIdx.x;
+  const long long col_off = (t & 15) * 16;
+  const long long row_in = t >> 4;  // 16 rows per slot of 256 threads
+  const uint32_t base_s = smem_u32(sm);
+  float shift[8], s1[8], s2[8], scale[8], beta[8];
+#pragma unroll
+  for (int v = 0; v < 8; ++v) {
+    shift[v] = 0.25f * v;
+    scale[v] = 1.0f + 0.125f * v;
+    beta[v] = 0.5f;
+    s1[v] = s2[v] = 0.f;
+  }
+  const long long mine = (stages_total - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  auto gaddr = [&](long long s, int k) {  // this thread's vector k of stage s (grid-stride over stages)
+    const long long stage = blockIdx.x + s * gridDim.x;
+    return (stage * (kStage / 256) + row_in + (long long)k * 16) * 256 + col_off;
+  };
+  auto issue = [&](long long s) {
+    if (s < mine) {
+      const uint32_t d = base_s + static_cast<uint32_t>((s % kRing) * kStage + t * 16);
+#pragma unroll
+      for (int k = 0; k < VECS; ++k) cp_async16(d + k * kStreamThreads * 16, x + gaddr(s, k));
+    }
+    cp_async_commit();
+  };
+  for (int s = 0; s < kRing - 1; ++s) issue(s);
+  uint32_t acc = 0;
+#pragma unroll 1
+  for (long long s = 0; s < mine; ++s) {
+    issue(s + kRing - 1);
+    cp_async_wait<kRing - 1>();
+    const uint4* b = reinterpret_cast<const uint4*>(sm + (s % kRing) * kStage) + t;
+#pragma unroll
+    for (int k = 0; k < VECS; ++k) {
+      const uint4 raw = b[k * kStreamThreads];
+      if (MATH == 0) {
+        acc += fold(raw);
+      } else {
+        const __half* h = reinterpret_cast<const __half*>(&raw);
+        if (MATH == 1) {
+#pragma unroll
+          for (int v = 0; v < 8; ++v) {
+            const float e = __half2float(h[v]) - shift[v];
+            s1[v] += e;
+            s2[v] = fmaf(e, e, s2[v]);
+          }
+        } else {
+          uint4 out;
+          __half* o = reinterpret_cast<__half*>(&out);
+#pragma unroll
+          for (int v = 0; v < 8; ++v) o[v] = __float2half_rn(fmaf(__half2float(h[v]) - shift[v], scale[v], beta[v]));
+          __stcs(reinterpret_cast<uint4*>(y + gaddr(s, k)), out);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < 8; ++v) acc += __float_as_uint(s1[v]) ^ __float_as_uint(s2[v]);
+  sink[blockIdx.x * kStreamThreads + t] = acc;
+}
+
+static void measure_math() {
+  Table t{"math",
+          "1c. The task kernels' arithmetic inside the cp.async ring, C=128 fp16 (one 128-channel window), ~512 MiB",
+          "A ring of 4 stages per CTA (256 threads), grid-stride over stages; VECS 16-B vectors per thread per "
+          "stage (4 = 16 KB stages as the task kernels' chunks, 8 = 32 KB). math: none (fold the bits), stats "
+          "(convert, minus shift, sum, sum of squares per channel), apply (convert, (x - mean) * scale + beta, "
+          "convert back, st.global.cs to another buffer). TB/s counts bytes read (+ written for apply).",
+          {"math", "stage KB", "CTAs/SM", "us", "TB/s", "frac"},
+          4,
+          {}};
+  auto run = [&](int math, int vecs, int cps) {
+    const void* fns[3][2] = {{(const void*)k_math_ring<0, 4>, (const void*)k_math_ring<0, 8>},
+                             {(const void*)k_math_ring<1, 4>, (const void*)k_math_ring<1, 8>},
+                             {(const void*)k_math_ring<2, 4>, (const void*)k_math_ring<2, 8>}};
+    const void* fn = fns[math][vecs == 8];
+    const int stage = vecs * 16 * kStreamThreads;
+    size_t smem = 4 * stage;
+    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
+    if (cps) smem = std::max(smem, (size_t)g_dev.smem_per_sm / (cps + 1) - g_dev.smem_reserved + 128);
+    const int occ = occupancy(fn, kStreamThreads, smem);
+    if (occ == 0 || (cps && occ != cps)) {
+      fprintf(stderr, "math: skipping math=%d vecs=%d cps=%d (occupancy %d)\n", math, vecs, cps, occ);
+      return;
+    }
+    const long long bytes = 512ll * kMiB;
+    const long long stages = bytes / stage;
+    const int grid = static_cast<int>(std::min<long long>(stages, (long long)occ * g_dev.sms));
+    auto launch = [&] {
+      const uint8_t* xa = g_bufA;
+      uint8_t* ya = g_bufB;
+      void* args[] = {(void*)&xa, (void*)&ya, (void*)&g_sink, (void*)&stages};
+      CK(cudaLaunchKernel(fn, grid, kStreamThreads, args, smem, g_s));
+      CK_LAUNCH();
+    };
+    const double us = median_us(2, 12, flush_l2, launch);
+    const double tbs = stages * (double)stage * (math == 2 ? 2.0 : 1.0) / us / 1e6;
+    const char* names[] = {"none", "stats", "apply"};
+    t.rows.push_back({names[math], istr(stage / 1024), istr(occ) + (cps ? "*" : ""), fmt("%.1f", us), fmt("%.3f", tbs),
+                      fmt("%.3f", tbs / g_copy_tbs)});
+    g_summary.push_back(std::string("math ") + names[math] + " stage " + istr(stage / 1024) + " KB " + istr(occ) +
+                        " CTA/SM: " + fmt("%.3f", tbs) + " TB/s (" + fmt("%.3f", tbs / g_copy_tbs) + " of copy)");
+  };
+  for (int math : {0, 1, 2})
+    for (int vecs : {4, 8})
+      for (int cps : {2, 0}) run(math, vecs, cps);
+  emit(t);
+}
+
 // 1b. Walk order of a persistent grid: grid-stride chunks against contiguous per-CTA ranges (the task
 // kernels' member ranges), reading only (a stats pass) and reading + writing back (an apply pass).
 static void measure_order() {
@@ -1955,6 +2075,7 @@ int main(int argc, char** argv) {
   section("copy", measure_copy);
   if (wanted("stream")) section("stream", measure_stream);
   if (wanted("order")) section("order", measure_order);
+  if (wanted("math")) section("math", measure_math);
   if (wanted("onchip")) section("onchip", measure_onchip);
   if (wanted("barrier")) section("barrier", measure_barrier);
   if (wanted("l2")) section("l2", measure_l2);
