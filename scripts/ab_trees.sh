@@ -3,7 +3,9 @@
 # branch), the backward benchmark of the small shapes and the backward trace, logs under OUT/<name>.
 #   bash scripts/ab_trees.sh OUT main=.clean exp=.clean_exp exp1=.clean_exp@tasks+bwd1
 # TREE@ARCH runs that tree under GN_ARCH=ARCH (else the environment's). Under tasks+bwd1 the trace has no
-# phases (the one-pass kernel sets no trace points), only the kernel's device time.
+# phases (the one-pass kernel sets no trace points), only the kernel's device time. TREE%PLANTING (after
+# any @ARCH) runs that tree's kernels with a planting of its scripts/plant_bug.py (GN_CSRC_DIR), e.g.
+# the timing experiment timing-bwd-no-param-sums.
 # Each tree builds its own library (the build cache is keyed by the sources), and runs from its own
 # src/ (PYTHONPATH), so the trees may differ in csrc/ and in Python.
 set -uo pipefail
@@ -17,13 +19,19 @@ env_arch=${GN_ARCH-}
 for pair in "$@"; do
   name=${pair%%=*}
   spec=${pair#*=}
-  arch=
+  arch= planting=
+  if [[ $spec == *%* ]]; then planting=${spec#*%}; spec=${spec%%\%*}; fi
   if [[ $spec == *@* ]]; then arch=${spec#*@}; spec=${spec%%@*}; fi
   tree=$(cd "$spec" && pwd) || exit 1
+  unset GN_CSRC_DIR
+  if [ -n "$planting" ]; then
+    GN_CSRC_DIR=$(python3 "$tree/scripts/plant_bug.py" "$planting") || exit 1
+    export GN_CSRC_DIR
+  fi
   arch=${arch:-$env_arch}
   if [ -n "$arch" ]; then export GN_ARCH=$arch; else unset GN_ARCH; fi
   mkdir -p "$out/$name"
-  echo "== $name ($tree${arch:+, GN_ARCH=$arch})" | tee -a "$out/summary.txt"
+  echo "== $name ($tree${arch:+, GN_ARCH=$arch}${planting:+, planted $planting})" | tee -a "$out/summary.txt"
   (cd "$tree" && PYTHONPATH="$tree/src:$tree" python3 -m gn_module.bench --shapes "$SHAPES" --dtypes fp16 \
     --directions bwd --impls ours-auto --reps 50 --max-seconds 0.2 --json "$out/$name/bench.json" \
     --markdown "$out/$name/bench.md" >"$out/$name/bench.log" 2>&1) || status=1

@@ -142,6 +142,17 @@ PLANTINGS = {
         "dx, dweight and dbias are wrong wherever z is not far from 0 (tests/gpu/test_acts.py)",
         "bwd and gelu and not gelu_tanh", False,
     ),
+    # A timing experiment, not a bug to catch: the A/B of session 8 (RESULTS.md) asks whether the dx
+    # phase of bwd_task_apply got 7 % slower on the large shapes because the kernel also sums dweight and
+    # dbias (`bash scripts/ab_trees.sh OUT head=TREE nosums=TREE%timing-bwd-no-param-sums`).
+    "timing-bwd-no-param-sums": Planting(
+        "gn_backward.cu",
+        "  bwd_param_sums(a, sm.scratch);  // every block: the launch's last one to arrive writes them",
+        "  // PLANTED (timing only): dweight and dbias are never summed",
+        "task backward apply launch without its dweight/dbias sums (for timing: dweight and dbias stay "
+        "whatever the workspace held)",
+        "bwd-tasks", False,
+    ),
 }  # fmt: skip
 
 
