@@ -42,7 +42,9 @@ architecture's cases, with the same kinds, rotation and scopes and capped cells 
 ``task_caps`` (1, 2, 3): forward cases (`pytest_gn.tasks`, ``GN_ARCH=tasks``: the ratio counts chunks
 per member over the slots a block keeps) and backward cases (`pytest_gn.tasks_bwd`,
 ``GN_ARCH=tasks+bwd``: the ratio counts a task's tiles over its team's members), cells (direction,
-ratio, dtype, act) numbered forward first.
+ratio, dtype, act) numbered forward first; then the backward's one-launch kernel's cells (arch
+``tasks1``, ids ``bwd-tasks1-...``, ``GN_ARCH=tasks+bwd1``: the ratio counts the busiest member's chunk
+pairs over the slots a block keeps, as the forward's), numbered last so the others keep their numbers.
 """
 
 from __future__ import annotations
@@ -86,8 +88,11 @@ VARIANTS = ("capped", "natural")
 MARKER_KWARGS = {"dtypes", "acts", "directions", "shapes", "channels", "groups", "ratios", "variants", "cap",
                  "geometries", "rotate", "over_2_31", "task_caps"}  # fmt: skip
 #: Kernel architectures the cases can validate (``--gn-arch``): the tile kernels, and the task kernels
-#: (forward cases under GN_ARCH=tasks, backward cases under GN_ARCH=tasks+bwd).
+#: (forward cases under GN_ARCH=tasks, backward cases under GN_ARCH=tasks+bwd and tasks+bwd1).
 ARCHS = ("tiles", "tasks")
+#: A task case's kernels (`CaseSpec.arch`): "tasks", the forward's one launch or the backward's two;
+#: "tasks1", the backward's opt-in one-launch kernel (GN_ARCH=tasks+bwd1; backward cases only).
+TASK_ARCHS = ("tasks", "tasks1")
 #: Caps the capped task cases rotate over (`pytest_gn.tasks`).
 DEFAULT_TASK_CAPS = (1, 2, 3)
 
@@ -135,12 +140,22 @@ class CaseSpec:
     profile: str | None = None  # emulated GPU profile (arch sweep)
     schedule: str = "onepass"
     geometry: str = "even"
-    arch: str = "tiles"  # "tasks": the task architecture (`env_arch` says which GN_ARCH runs it)
+    arch: str = "tiles"  # or one of TASK_ARCHS: the task architecture (`env_arch` says which GN_ARCH)
+
+    def __post_init__(self) -> None:
+        if self.arch == "tasks1" and self.direction != "bwd":
+            raise ValueError(f"arch 'tasks1' (the one-launch task backward) has backward cases only, got "
+                             f"direction {self.direction!r}")  # fmt: skip
+
+    @property
+    def is_task(self) -> bool:
+        """Whether the case is the task architecture's (forward, backward, or one-launch backward)."""
+        return self.arch in TASK_ARCHS
 
     @property
     def id(self) -> str:
         parts = [self.profile] if self.profile else []
-        parts += [self.direction, "tasks" if self.arch == "tasks" else self.schedule]
+        parts += [self.direction, self.arch if self.is_task else self.schedule]
         if self.variant == "capped":
             parts.append(f"cap{self.cap}")
         parts += [BIG if self.big else self.ratio.label, self.dtype, self.act or "noact"]
@@ -152,8 +167,11 @@ class CaseSpec:
 
     @property
     def env_arch(self) -> str:
-        """The GN_ARCH value the case runs under: tiles, tasks (the task forward) or tasks+bwd (a task
-        case of the backward: the task forward, then the task backward)."""
+        """The GN_ARCH value the case runs under: tiles, tasks (the task forward), tasks+bwd (a task
+        case of the backward: the task forward, then the task backward) or tasks+bwd1 (the same with the
+        backward's one-launch kernel where `passes` asks for one)."""
+        if self.arch == "tasks1":
+            return "tasks+bwd1"
         return "tasks+bwd" if self.arch == "tasks" and self.direction == "bwd" else self.arch
 
     @property
@@ -179,9 +197,10 @@ class CaseSpec:
     @property
     def config(self) -> str:
         """Kernel configuration of the one-pass launch, named as `gn_module.resources` names it."""
-        if self.arch == "tasks":
+        if self.is_task:
             t = schedule.task_tiling(self.channels, self.groups, 1 << 30, self.itemsize, self.direction)
-            return task_config(self.torch_dtype, t.vec if t is not None else 1, self.direction)
+            kind = "bwd1" if self.arch == "tasks1" else self.direction
+            return task_config(self.torch_dtype, t.vec if t is not None else 1, kind)
         return onepass_config(self.direction, self.torch_dtype, self.tiling().vec)
 
     def labels(self) -> dict[str, Any]:
@@ -196,16 +215,17 @@ def onepass_config(direction: str, dtype: str, vec: int) -> str:
     return f"{direction}_onepass[{short},vec{vec}]"
 
 
-#: The task kernel whose registers and occupancy give a direction's residency: the forward's one-pass
-#: kernel, the backward's stats kernel (the backward has one schedule; its launcher asks that kernel).
-TASK_KERNELS = {"fwd": "fwd_task_onepass", "bwd": "bwd_task_stats"}
+#: The task kernel whose registers and occupancy give a kind of task case its residency: the forward's
+#: one-pass kernel, the backward's stats kernel (its two launches), the backward's one-launch kernel
+#: (`bwd1`: at least the stats kernel's registers on every arch; the launcher takes the lower occupancy).
+TASK_KERNELS = {"fwd": "fwd_task_onepass", "bwd": "bwd_task_stats", "bwd1": "bwd_task_onepass"}
 
 
-def task_config(dtype: str, vec: int, direction: str = "fwd") -> str:
-    """The task architecture's kernel configuration of a direction (``fwd_task_onepass[fp16,vec8]``,
-    ``bwd_task_stats[fp16,vec8]``)."""
+def task_config(dtype: str, vec: int, kind: str = "fwd") -> str:
+    """The task architecture's kernel configuration of a kind of case (`TASK_KERNELS`:
+    ``fwd_task_onepass[fp16,vec8]``, ``bwd_task_stats[fp16,vec8]``, ``bwd_task_onepass[fp16,vec8]``)."""
     short = {v: k for k, v in DTYPES.items()}[dtype]
-    return f"{TASK_KERNELS[direction]}[{short},vec{vec}]"
+    return f"{TASK_KERNELS[kind]}[{short},vec{vec}]"
 
 
 def _as_tuple(value: Any) -> tuple:
@@ -317,7 +337,9 @@ def specs_from_marker(
     specs = []
     tiles = "tiles" in archs
     task_directions = [d for d in directions if "tasks" in archs and not foreign]
-    task_cells = list(product(task_directions, ratios, dtypes, acts))
+    # the one-launch backward's cells come last: the others keep their numbers (rotations, caps)
+    task_kinds = [(d, "tasks") for d in task_directions] + [("bwd", "tasks1")] * ("bwd" in task_directions)
+    task_cells = [(d, arch, r, dt, a) for d, arch in task_kinds for r, dt, a in product(ratios, dtypes, acts)]
     task_acts_of = _act_rotation(task_cells, rotation, rotate)
     for profile, variant, number in scopes:
         for i, (direction, ratio, dtype, _) in enumerate(cells if tiles else []):
@@ -325,21 +347,21 @@ def specs_from_marker(
             for act, ((c, g), geometry) in product(acts_of(i, number), chosen):
                 specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, cap, profile,
                                       geometry=geometry))  # fmt: skip
-        for i, (direction, ratio, dtype, _) in enumerate(task_cells):
+        for i, (direction, arch, ratio, dtype, _) in enumerate(task_cells):
             chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
             k = task_caps[i % len(task_caps)] if variant == "capped" else cap
             for act, ((c, g), geometry) in product(task_acts_of(i, number), chosen):
                 specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, k, profile,
-                                      geometry=geometry, arch="tasks"))  # fmt: skip
+                                      geometry=geometry, arch=arch))  # fmt: skip
     if big and "natural" in variants:
         dtype = "bf16" if "bf16" in dtypes else dtypes[0]  # the smallest dtype keeps it to seconds
         c, g = shapes[0]
         act = rotation[0] if acts[0] == ROTATING else acts[0]  # the default's: silu
         for direction in directions if tiles else ():
             specs.append(CaseSpec(direction, Ratio(1), dtype, act, c, g, "natural", cap, geometry=BIG))
-        for direction in task_directions:
+        for direction, arch in task_kinds:
             specs.append(CaseSpec(direction, Ratio(1), dtype, act, c, g, "natural", cap, geometry=BIG,
-                                  arch="tasks"))  # fmt: skip
+                                  arch=arch))  # fmt: skip
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):
         raise ValueError("overflow_grid arguments produce duplicate cases (repeated values?)")

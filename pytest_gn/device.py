@@ -29,17 +29,19 @@ def kernel_configs() -> list[tuple[str, str, schedule.Tiling]]:
 
 def task_kernel_configs() -> list[tuple[str, str, schedule.TaskTiling]]:
     """(config name, torch dtype name, task tiling) of every configuration of the task architecture's
-    kernel that gives each direction's residency (`pytest_gn.cases.TASK_KERNELS`: fwd_task_onepass,
-    bwd_task_stats; vectors and the scalar path, each dtype); the tiling's direction says which."""
-    from pytest_gn.cases import task_config
+    kernel that gives each kind of task case its residency (`pytest_gn.cases.TASK_KERNELS`:
+    fwd_task_onepass, bwd_task_stats, bwd_task_onepass; vectors and the scalar path, each dtype); the
+    tiling's direction says which direction."""
+    from pytest_gn.cases import TASK_KERNELS, task_config
 
     out = []
-    for direction in schedule.DIRECTIONS:
+    for kind in TASK_KERNELS:
+        direction = "fwd" if kind == "fwd" else "bwd"
         for dtype in DTYPE_NAMES:
             for channels, groups in ((CONFIG_CHANNELS["vec"], 16), (CONFIG_CHANNELS["scalar"], 10)):
                 t = schedule.task_tiling(channels, groups, 1 << 30, schedule.ITEMSIZE[dtype], direction)
                 assert t is not None
-                out.append((task_config(dtype, t.vec, direction), dtype, t))
+                out.append((task_config(dtype, t.vec, kind), dtype, t))
     return out
 
 

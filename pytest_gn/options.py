@@ -27,7 +27,9 @@ _SPECS = (
      "cases validate: tiles (the tile kernels, forward and backward; gn_module's default backward), tasks "
      "(the task kernels: forward cases under GN_ARCH=tasks, gn_module's default forward, the ratio counting "
      "chunks per block over the chunks it keeps in shared memory; backward cases under GN_ARCH=tasks+bwd, "
-     "the ratio counting a task's tiles over its team's members; capped cases at caps 1, 2, 3), or both. "
+     "the ratio counting a task's tiles over its team's members; one-launch backward cases under "
+     "GN_ARCH=tasks+bwd1, the ratio counting chunk pairs per block over those it keeps; capped cases at "
+     "caps 1, 2, 3), or both. "
      "With --gn-arch-sweep the profiles get task cases too. Not for --gn-impl (there: tiles). Default: both"),
 )  # fmt: skip
 

@@ -36,8 +36,9 @@ MARKERS = (
     "over_2_31: one more case per direction over 2**31 elements (this GPU only). With --gn-arch tasks or "
     "both, also the task kernels' cases: forward ('fwd-tasks-...', GN_ARCH=tasks), the busiest block of a "
     "task reducing m x slots + k chunks, slots being the chunks it keeps in shared memory; backward ('bwd-"
-    "tasks-...', GN_ARCH=tasks+bwd), each task having m x team size + k tiles; their capped cases rotate "
-    "over task_caps.",
+    "tasks-...', GN_ARCH=tasks+bwd), each task having m x team size + k tiles; one-launch backward ('bwd-"
+    "tasks1-...', GN_ARCH=tasks+bwd1), as the forward's with chunk pairs; their capped cases rotate over "
+    "task_caps.",
     "gn_cuda: the test needs a usable CUDA device; skipped with the reason when there is none.",
 )
 

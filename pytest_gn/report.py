@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gn_module.schedule import DeviceLimits
+from pytest_gn.cases import TASK_ARCHS
 from pytest_gn.device import MAIN_CONFIGS, GnDevice, describe_limits
 
 LOCAL = "this GPU"  # the summary's name for the cases of the GPU at hand (not a profile's)
@@ -57,7 +58,7 @@ def header_lines(
         flag = "both" if len(archs) > 1 else archs[0]
         also = ", and the tile kernels' cases" if "tiles" in archs else "; no tile kernel cases"
         lines.append(f"gn: --gn-arch={flag}: task kernel cases, forward (GN_ARCH=tasks) and backward "
-                     f"(GN_ARCH=tasks+bwd){also}")  # fmt: skip
+                     f"(GN_ARCH=tasks+bwd; its one-launch kernel: tasks+bwd1){also}")  # fmt: skip
     if shapes:
         lines.append("gn: overflow shapes (C:G) " + ",".join(f"{c}:{g}" for c, g in shapes))
     if device is None:
@@ -104,10 +105,11 @@ def scope_lines(tally: Tally) -> list[str]:
             f"{families[k]} {k}" for k in ("natural", "capped", "over 2**31 elements") if families[k]
         )
         mine = [tally.cases[i] for i in tally.outcomes if not tally.cases[i].get("profile")]
-        tasks = Counter(s.get("direction") for s in mine if s.get("arch") == "tasks")
+        tasks = Counter(task_kind(s) for s in mine if s.get("arch") in TASK_ARCHS)
         if tasks:
+            one = f", {tasks['bwd1']} one-launch backward" if tasks["bwd1"] else ""
             parts += (f"; {sum(tasks.values())} of them task kernel cases ({tasks['fwd']} forward, "
-                      f"{tasks['bwd']} backward)")  # fmt: skip
+                      f"{tasks['bwd']} backward{one})")  # fmt: skip
         lines.append(f"  {LOCAL}: {sum(local.values())} ({parts}): {_outcomes(local)}")
     prof = tally.counts(lambda s: bool(s.get("profile")))
     if prof:
@@ -118,23 +120,31 @@ def scope_lines(tally: Tally) -> list[str]:
     return lines
 
 
+def task_kind(case: dict[str, Any]) -> str:
+    """A task case's kind from its summary: "fwd", "bwd" (two launches) or "bwd1" (one launch)."""
+    return "bwd1" if case.get("arch") == "tasks1" else str(case.get("direction"))
+
+
 def task_lines(tally: Tally) -> list[str]:
-    """The task architecture's cases that ran, per direction: how many re-read chunks (forward) or gave
-    a member several tiles of a task (backward), and the heaviest."""
+    """The task architecture's cases that ran, per kind: how many re-read chunks (the forward and the
+    one-launch backward) or gave a member several tiles of a task (the backward), and the heaviest."""
     ran = [
         case
         for case in (tally.cases[i] for i, o in tally.outcomes.items() if o in ("passed", "failed"))
-        if case.get("arch") == "tasks" and "chunks" in case
+        if case.get("arch") in TASK_ARCHS and "chunks" in case
     ]
     lines = []
-    fwd = [s for s in ran if s.get("direction") != "bwd"]
-    if fwd:
-        worst = max(fwd, key=lambda s: s["chunks"] / max(1, s["slots"]))
-        over = sum(1 for s in fwd if s["over"] > 0)
-        lines.append(f"task forward cases (GN_ARCH=tasks): {len(fwd)} run, {over} with members over their "
-                     f"slots (chunks read twice); heaviest: {worst['id']}: busiest member {worst['chunks']} "
-                     f"chunks per task over {worst['slots']} slots")  # fmt: skip
-    bwd = [s for s in ran if s.get("direction") == "bwd"]
+    kinds = (("fwd", "task forward cases (GN_ARCH=tasks)", "chunks"),
+             ("bwd1", "task one-launch backward cases (GN_ARCH=tasks+bwd1)", "chunk pairs"))  # fmt: skip
+    for kind, what, unit in kinds:
+        mine = [s for s in ran if task_kind(s) == kind]
+        if mine:
+            worst = max(mine, key=lambda s: s["chunks"] / max(1, s["slots"]))
+            over = sum(1 for s in mine if s["over"] > 0)
+            lines.append(f"{what}: {len(mine)} run, {over} with members over their slots ({unit} read "
+                         f"twice); heaviest: {worst['id']}: busiest member {worst['chunks']} {unit} per task "
+                         f"over {worst['slots']} slots")  # fmt: skip
+    bwd = [s for s in ran if task_kind(s) == "bwd"]
     if bwd:
         worst = max(bwd, key=lambda s: (s.get("member_tiles", 0), s.get("team", 0)))
         several = sum(1 for s in bwd if s.get("member_tiles", 0) > 1)
@@ -173,7 +183,9 @@ def overflow_lines(tally: Tally) -> list[str]:
     ran = [
         tally.cases[i]
         for i, o in tally.outcomes.items()
-        if o in ("passed", "failed") and "tiles" in tally.cases[i] and tally.cases[i].get("arch") != "tasks"
+        if o in ("passed", "failed")
+        and "tiles" in tally.cases[i]
+        and tally.cases[i].get("arch") not in TASK_ARCHS
     ]
     lines += task_lines(tally)
     if ran:

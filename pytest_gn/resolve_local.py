@@ -47,7 +47,7 @@ def _resolve(spec: CaseSpec, state: Any, device: Any, config: pytest.Config | No
     from gn_module import ops
 
     index, dtype = device.index, spec.torch_dtype
-    if spec.arch == "tasks":
+    if spec.is_task:
         return _resolve_task(spec, state, device)
     if spec.profile is not None:
         static = state.sweep.static(spec.profile)
@@ -85,11 +85,10 @@ def task_model_of_device(dtype: str, index: int, variant: str | None = None) -> 
 
 
 def _resolve_task(spec: CaseSpec, state: Any, device: Any) -> GnCase:
-    """A task case (forward or backward): this GPU's slots and residency (natural; capped at the case's
-    cap), or a profile's modelled ones with the grid capped at the profile's residency.
-    ``--gn-max-resident`` lowers this GPU's cases' cap further."""
-    from pytest_gn.tasks import resolve_task
-    from pytest_gn.tasks_bwd import resolve_task_bwd
+    """A task case (forward, backward or one-launch backward): this GPU's slots and residency (natural;
+    capped at the case's cap), or a profile's modelled ones with the grid capped at the profile's
+    residency. ``--gn-max-resident`` lowers this GPU's cases' cap further."""
+    from pytest_gn.tasks_bwd import resolver_of
 
     dtype, index = spec.torch_dtype, device.index
     if spec.profile is not None:
@@ -101,5 +100,4 @@ def _resolve_task(spec: CaseSpec, state: Any, device: Any) -> GnCase:
     cap = state.opts.max_resident
     if spec.variant == "capped":
         cap = spec.cap if cap is None else min(cap, spec.cap)
-    resolve_ = resolve_task_bwd if spec.direction == "bwd" else resolve_task
-    return resolve_(spec, task_model_of_device(dtype, index), cap=cap)
+    return resolver_of(spec)(spec, task_model_of_device(dtype, index), cap=cap)

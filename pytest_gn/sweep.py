@@ -16,8 +16,8 @@ from gn_module import resources, schedule
 from gn_module.schedule import DeviceLimits
 from pytest_gn.cases import CaseSpec, GnCase, Residency, resolve
 from pytest_gn.device import MAIN_CONFIGS, MAIN_TASK_CONFIGS, GnDevice, kernel_configs, task_kernel_configs
-from pytest_gn.tasks import TaskModel, resolve_task
-from pytest_gn.tasks_bwd import resolve_task_bwd
+from pytest_gn.tasks import TaskModel
+from pytest_gn.tasks_bwd import resolver_of
 
 
 @dataclass
@@ -116,10 +116,10 @@ class Sweep:
     def resolve_task_case(
         self, spec: CaseSpec, device: GnDevice | None, run_model: TaskModel | None
     ) -> GnCase:
-        """A profile's task case (forward or backward): shape from the profile's modelled slots and
-        residency, grid capped at that residency; `run_model` is what the GPU at hand launches with (its
-        slots and residency)."""
-        if spec.profile is None or spec.arch != "tasks":
+        """A profile's task case (forward, backward or one-launch backward): shape from the profile's
+        modelled slots and residency, grid capped at that residency; `run_model` is what the GPU at hand
+        launches with (its slots and residency)."""
+        if spec.profile is None or not spec.is_task:
             raise ValueError(f"{spec.id} is not a profile's task case")
         st = self.static(spec.profile)
         model = st.task_model(spec.config)
@@ -128,7 +128,7 @@ class Sweep:
         if device is not None and variant is None:
             notes = (f"arch code not exercised: {st.profile.arch} > device {device.arch}; "
                      "native build under the profile's residency cap",)  # fmt: skip
-        resolve_ = resolve_task_bwd if spec.direction == "bwd" else resolve_task
+        resolve_ = resolver_of(spec)
         return resolve_(spec, model, emulated=True, run_model=run_model, variant=variant, notes=notes)
 
 

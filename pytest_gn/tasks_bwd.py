@@ -1,4 +1,5 @@
-"""Overflow cases of the task backward (``GN_ARCH=tasks+bwd``), from the schedule model.
+"""Overflow cases of the task backward (``GN_ARCH=tasks+bwd``, and its one-launch kernel under
+``GN_ARCH=tasks+bwd1``: `BACKWARD_ONEPASS`), from the schedule model.
 
 The task backward (csrc/gn_backward.cu ``bwd_task_stats``, ``bwd_task_apply``) has one schedule: two
 launches over the persistent teams of `schedule.make_task_plan`. Each member of a team takes the tiles
@@ -30,9 +31,12 @@ GPU's (said in the notes where it differs).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from gn_module import schedule
 from gn_module.schedule import TaskPlan
-from pytest_gn.cases import Ratio
-from pytest_gn.tasks import BATCH_SAMPLES, TaskCases, member_tiles, near_rank
+from pytest_gn.cases import CaseSpec, GnCase, Ratio
+from pytest_gn.tasks import BATCH_SAMPLES, FORWARD, TaskCases, chunks_rank, member_tiles, near_rank
 
 #: Sample counts the batch geometry tries where the forward's give no shape: a backward team runs
 #: several tasks in turn only when the tasks outnumber the teams (its plan weighs no overflow against
@@ -96,3 +100,49 @@ BACKWARD = TaskCases(
 #: forward's.
 find_shape = BACKWARD.find_shape
 resolve_task_bwd = BACKWARD.resolve
+
+
+# ------------------------------------------------------------------ the one-launch backward's
+def describe_onepass(p: TaskPlan) -> str:
+    assert p.teams is not None
+    return (
+        f"grid {p.grid} = {p.teams.teams} teams x {p.teams.team_size}, {p.teams.rounds} rounds, busiest "
+        f"member {p.teams.chunks_per_member} chunk pairs per task over {p.slots} slots, "
+        f"{schedule.task_reread_chunks(p)} chunk pairs read again"
+    )
+
+
+def _keeps_everything(p: TaskPlan) -> str | None:
+    if schedule.task_reread_chunks(p) == 0:
+        return f"{p.tiling.tiles} tiles: no chunk pair read again with {p.residency} blocks"
+    return None
+
+
+#: The one-launch backward (``bwd_task_onepass``, ``GN_ARCH=tasks+bwd1``, case arch ``tasks1``): the
+#: same teams, tiles and sums as the two launches in one cooperative launch. Its members keep their last
+#: ``slots`` chunk pairs (x and dy) on chip across the task's barrier and read the others again for dx,
+#: so its overflow is the forward's: the ratio counts the busiest member's chunk pairs per task over the
+#: slots (``x1`` keeps them all; ``x1p1`` reads one again; ``x2p1``, ``x4p3`` wrap the ring). Its runs are
+#: the forward's: one launch, one launch under another cap, two launches, all bitwise equal.
+BACKWARD_ONEPASS = TaskCases(
+    direction="bwd",
+    schedule=1,
+    kernel="the one-launch task backward",
+    batch_samples=(BATCH_SAMPLES, MORE_BATCH_SAMPLES),
+    count=FORWARD.count,
+    unit=FORWARD.unit,
+    rank=chunks_rank,
+    no_overflow=_keeps_everything,
+    counted="busiest member {count} chunk pairs ({label} of {unit} slots)",
+    unfound="gives a member {want} chunk pairs ({ratio} of {slots} slots) or a count of its class",
+    unemulated="shared memory not emulated: {profile} keeps {model} chunk pairs per block, this GPU {run}",
+    describe=describe_onepass,
+)
+resolve_task_bwd1 = BACKWARD_ONEPASS.resolve
+
+
+def resolver_of(spec: CaseSpec) -> Callable[..., GnCase]:
+    """The resolution of a task case's kind: the forward's, the backward's or the one-launch backward's."""
+    if spec.arch == "tasks1":
+        return resolve_task_bwd1
+    return resolve_task_bwd if spec.direction == "bwd" else FORWARD.resolve

@@ -61,7 +61,7 @@ if ! skip 3; then
 fi
 
 if ! skip 4; then
-  step "4 plugin task cases (49 forward + 49 backward on this GPU, and self-check), then with the planted bugs"
+  step "4 plugin task cases (49 forward + 49 backward + 49 one-launch backward on this GPU, and self-check), then with the planted bugs"
   python3 -m pytest -p xdist -n 8 -q --gn-arch tasks --pyargs pytest_gn.suite >"$out/plugin_tasks.log" 2>&1 || status=1
   tail_to_summary "$out/plugin_tasks.log" 4
   if ! skip 4f; then
@@ -79,6 +79,14 @@ if ! skip 4; then
   tail_to_summary "$out/plugin_tasks_bwd_planted.log" 3
   planted "$out/plugin_tasks_bwd_planted.log" "45 failed, 4 passed (bwd-tasks-cap1-x1-fp16-silu-c64g1, \
 bwd-tasks-cap3-x1-bf16-relu-c64g1-batch, bwd-tasks-cap1-x1-bf16-noact-c32g32, bwd-tasks-cap3-x1-fp32-noact-c32g32-batch)"
+  # the one-launch backward never reads again what a member could not keep: red wherever a one-launch
+  # run reads chunk pairs again (tests/test_plugin_tasks_bwd1.py names the two that stay green)
+  planted_dir=$(python3 scripts/plant_bug.py task-bwd1-reread-skip)
+  GN_CSRC_DIR="$planted_dir" python3 -m pytest -p xdist -n 8 -q -rA --gn-arch tasks --pyargs pytest_gn.suite \
+    -k "bwd-tasks1" >"$out/plugin_tasks_bwd1_planted.log" 2>&1
+  tail_to_summary "$out/plugin_tasks_bwd1_planted.log" 3
+  planted "$out/plugin_tasks_bwd1_planted.log" "47 failed, 2 passed (bwd-tasks1-cap1-x1-fp16-silu-c100g20, \
+bwd-tasks1-cap1-x1-bf16-noact-c30g10)"
 fi
 
 if ! skip 5; then

@@ -89,6 +89,11 @@ def capped_at(spec: CaseSpec) -> int | None:
     return spec.cap if spec.variant == "capped" else None
 
 
+def kind_of(spec: CaseSpec) -> str:
+    """A task spec's kind: "fwd", "bwd" (the two-launch backward) or "bwd1" (the one-launch backward)."""
+    return "bwd1" if spec.arch == "tasks1" else spec.direction
+
+
 def scope_of(spec: CaseSpec) -> str:
     return spec.profile or spec.variant
 
@@ -99,19 +104,20 @@ def scopes(specs: Iterable[CaseSpec]) -> list[str]:
     return sorted(found, key=lambda s: (s not in ("capped", "natural"), s))
 
 
-def sweep_specs(direction: str) -> list[CaseSpec]:
-    """The direction's task cases `pytest --gn-arch-sweep --gn-arch tasks` collects for the built-in
-    profiles (both directions' cells in one rotation, the forward's first)."""
+def sweep_specs(kind: str) -> list[CaseSpec]:
+    """The kind's task cases (`kind_of`) `pytest --gn-arch-sweep --gn-arch tasks` collects for the
+    built-in profiles (every kind's cells in one rotation: the forward's, the backward's, the one-launch
+    backward's)."""
     marker = {"over_2_31": True}
     every = specs_from_marker(marker, profiles=BUILTIN, profile_numbers=NUMBERS, archs=("tasks",))
-    return [s for s in every if s.direction == direction]
+    return [s for s in every if kind_of(s) == kind]
 
 
-def default_specs(direction: str) -> list[CaseSpec]:
-    """The direction's task specs of a test with an empty marker under --gn-arch tasks (both directions'
-    cells in one rotation), after checking their ids: 48 (4 ratios x 3 dtypes x 2 acts, capped and
-    natural), all different."""
-    specs = [s for s in specs_from_marker({}, archs=("tasks",)) if s.direction == direction]
+def default_specs(kind: str) -> list[CaseSpec]:
+    """The kind's task specs of a test with an empty marker under --gn-arch tasks (every kind's cells
+    in one rotation), after checking their ids: 48 (4 ratios x 3 dtypes x 2 acts, capped and natural),
+    all different."""
+    specs = [s for s in specs_from_marker({}, archs=("tasks",)) if kind_of(s) == kind]
     ids = [s.id for s in specs]
     assert len(ids) == len(set(ids)) == 48
     return specs
@@ -133,13 +139,14 @@ def assert_every_scope_has_24_cases_of_every_kind(specs: list[CaseSpec]) -> None
     assert len(specs) == 24 * (2 + len(BUILTIN)) + 1 == 337
 
 
-def every_cell(direction: str, scope: str, geometry: str) -> list[CaseSpec]:
-    """The scope's silu specs of the geometry for every (C, G) pair with every cell, not only the
-    rotation's."""
+def every_cell(kind: str, scope: str, geometry: str) -> list[CaseSpec]:
+    """The scope's silu specs of the kind (`kind_of`) and geometry for every (C, G) pair with every cell,
+    not only the rotation's."""
     profile = scope if scope not in ("capped", "natural") else None
+    direction = "fwd" if kind == "fwd" else "bwd"
     marker = {"rotate": False, "geometries": (geometry,), "acts": ("silu",), "directions": (direction,)}
     specs = specs_from_marker(marker, profiles=(profile,) if profile else (), archs=("tasks",))
-    mine = [s for s in specs if scope_of(s) == scope]
+    mine = [s for s in specs if scope_of(s) == scope and kind_of(s) == kind]
     assert len(mine) == 4 * 3 * len(DEFAULT_SHAPES)
     return mine
 

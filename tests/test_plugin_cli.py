@@ -68,13 +68,14 @@ def test_ids_and_skip_reasons_without_gpu(pytester: pytest.Pytester) -> None:
         "*test_case?bwd-onepass-x2p1-fp16-silu? SKIPPED*",
         "*test_case?fwd-tasks-x2p1-fp16-silu? SKIPPED*",  # the default --gn-arch both: task cases too
         "*test_case?bwd-tasks-x2p1-fp16-silu? SKIPPED*",
+        "*test_case?bwd-tasks1-x2p1-fp16-silu? SKIPPED*",
         "*gn summary*",
-        "overflow cases: 16 collected: 0 passed, 0 failed, 16 skipped",
-        "*8 of them task kernel cases (4 forward, 4 backward)*",
-        "skipped 16: no usable CUDA device*",
-        "SKIPPED [[]17[]] *no usable CUDA device: *CPU-only build*",
+        "overflow cases: 20 collected: 0 passed, 0 failed, 20 skipped",
+        "*12 of them task kernel cases (4 forward, 4 backward, 4 one-launch backward)*",
+        "skipped 20: no usable CUDA device*",
+        "SKIPPED [[]21[]] *no usable CUDA device: *CPU-only build*",
     ])  # fmt: skip
-    result.assert_outcomes(skipped=17)
+    result.assert_outcomes(skipped=21)
 
 
 def test_header_and_ini_keys(pytester: pytest.Pytester) -> None:
@@ -202,9 +203,9 @@ def test_sweep_without_nvcc_says_what_it_skipped(pytester: pytest.Pytester, monk
 def test_xdist_ids_are_stable(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(OVERFLOW_TEST)
     result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "-p", "no:cacheprovider")
-    result.assert_outcomes(skipped=17)
+    result.assert_outcomes(skipped=21)
     assert "Different tests were collected" not in result.stdout.str() + result.stderr.str()
-    result.stdout.fnmatch_lines(["overflow cases: 16 collected: 0 passed, 0 failed, 16 skipped"])
+    result.stdout.fnmatch_lines(["overflow cases: 20 collected: 0 passed, 0 failed, 20 skipped"])
 
 
 PROFILES_UNUSED = (

@@ -64,7 +64,8 @@ def test_backward_task_specs_have_readable_stable_ids() -> None:
     for k in (1, 2, 3):  # every cap meets every ratio
         assert {s.ratio.label for s in capped if s.cap == k} == RATIOS
     alone = specs_from_marker({"directions": ("bwd",)}, archs=("tasks",))
-    assert len(alone) == 48 and alone[0].id == "bwd-tasks-cap1-x1-fp16-silu"  # numbered from 0 alone
+    assert len(alone) == 96 and alone[0].id == "bwd-tasks-cap1-x1-fp16-silu"  # numbered from 0 alone
+    assert [s.id for s in alone if s.arch == "tasks1"][:1] == ["bwd-tasks1-cap1-x1-fp16-silu-c64g1"]
     assert specs_from_marker({"directions": ("bwd",)}, archs=("tasks",), foreign=True) == []
     assert [s.env_arch for s in specs_from_marker({"directions": ("bwd",)})] == ["tiles"] * 48
     assert CaseSpec("bwd", Ratio(1), "fp16", None, 30, 10, arch="tasks").config == "bwd_task_stats[fp16,vec1]"
@@ -77,7 +78,7 @@ def test_the_sweep_gives_every_profile_24_backward_task_cases_that_meet_every_ki
         mine = in_scope(SPECS, scope)
         assert {s.ratio.label for s in mine} == RATIOS and {s.act for s in mine} == ACTS, scope
     both = specs_from_marker({"over_2_31": True}, profiles=BUILTIN, profile_numbers=NUMBERS, archs=("tasks",))
-    assert len(both) == 2 * 337  # as many backward task cases as forward ones
+    assert len(both) == 3 * 337  # as many backward and one-launch backward task cases as forward ones
 
 
 # ------------------------------------------------------------------ every case has the ratio it claims

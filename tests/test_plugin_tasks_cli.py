@@ -22,8 +22,9 @@ TILES = ["fwd-onepass-cap3-x1-fp16-silu", "fwd-onepass-cap3-x2p1-fp16-silu", "bw
          "bwd-onepass-cap3-x2p1-fp16-silu", "fwd-onepass-x1-fp16-silu", "fwd-onepass-x2p1-fp16-silu",
          "bwd-onepass-x1-fp16-silu", "bwd-onepass-x2p1-fp16-silu"]  # fmt: skip
 TASKS = ["fwd-tasks-cap1-x1-fp16-silu", "fwd-tasks-cap2-x2p1-fp16-silu", "bwd-tasks-cap3-x1-fp16-silu",
-         "bwd-tasks-cap1-x2p1-fp16-silu", "fwd-tasks-x1-fp16-silu", "fwd-tasks-x2p1-fp16-silu",
-         "bwd-tasks-x1-fp16-silu", "bwd-tasks-x2p1-fp16-silu"]  # fmt: skip
+         "bwd-tasks-cap1-x2p1-fp16-silu", "bwd-tasks1-cap2-x1-fp16-silu", "bwd-tasks1-cap3-x2p1-fp16-silu",
+         "fwd-tasks-x1-fp16-silu", "fwd-tasks-x2p1-fp16-silu", "bwd-tasks-x1-fp16-silu",
+         "bwd-tasks-x2p1-fp16-silu", "bwd-tasks1-x1-fp16-silu", "bwd-tasks1-x2p1-fp16-silu"]  # fmt: skip
 
 
 def _ids(result: pytest.RunResult) -> list[str]:
@@ -63,19 +64,20 @@ def test_task_cases_skip_with_the_reason_without_a_gpu(pytester: pytest.Pytester
     pytester.makepyfile(MARKED)
     result = pytester.runpytest("-rs", "-v", "--gn-arch", "tasks")
     result.stdout.fnmatch_lines([
-        "gn: --gn-arch=tasks: task kernel cases, forward (GN_ARCH=tasks) and backward (GN_ARCH=tasks+bwd); "
-        "no tile kernel cases",
+        "gn: --gn-arch=tasks: task kernel cases, forward (GN_ARCH=tasks) and backward (GN_ARCH=tasks+bwd; "
+        "its one-launch kernel: tasks+bwd1); no tile kernel cases",
         "*test_case?fwd-tasks-cap1-x1-fp16-silu? SKIPPED*",
         "*test_case?bwd-tasks-cap1-x2p1-fp16-silu? SKIPPED*",
         "*test_case?fwd-tasks-x2p1-fp16-silu? SKIPPED*",
         "*test_case?bwd-tasks-x2p1-fp16-silu? SKIPPED*",
+        "*test_case?bwd-tasks1-x2p1-fp16-silu? SKIPPED*",
         "*gn summary*",
-        "overflow cases: 8 collected: 0 passed, 0 failed, 8 skipped",
-        "  this GPU: 8 (4 natural, 4 capped; 8 of them task kernel cases (4 forward, 4 backward)): 0 passed, "
-        "0 failed, 8 skipped",
-        "skipped 8: no usable CUDA device*",
+        "overflow cases: 12 collected: 0 passed, 0 failed, 12 skipped",
+        "  this GPU: 12 (6 natural, 6 capped; 12 of them task kernel cases (4 forward, 4 backward, 4 "
+        "one-launch backward)): 0 passed, 0 failed, 12 skipped",
+        "skipped 12: no usable CUDA device*",
     ])  # fmt: skip
-    result.assert_outcomes(skipped=8)
+    result.assert_outcomes(skipped=12)
 
 
 @pytest.mark.parametrize(
@@ -121,16 +123,20 @@ def test_the_sweep_has_task_cases_and_the_task_model_checks_only_when_asked(
                  "test_gn_overflow.py::test_gn_overflow[A100-bwd-tasks-x2p1-bf16-relu-c64g1-partial]",
                  "test_gn_overflow.py::test_gn_overflow[RTX3090-bwd-tasks-x4p3-bf16-relu-batch]",
                  "test_user.py::test_case[RTX3090-bwd-tasks-x2p1-fp16-silu]",
+                 "test_user.py::test_case[RTX3090-bwd-tasks1-x2p1-fp16-silu]",
+                 "test_gn_overflow.py::test_gn_overflow[bwd-tasks1-2_31-bf16-silu]",
+                 "test_gn_tasks.py::test_gn_task_model_matches_occupancy_api[bwd_task_onepass[fp16,vec8]]",
                  "test_gn_tasks.py::test_gn_task_residency_model[RTX3090]",
                  "test_gn_tasks.py::test_gn_task_model_matches_occupancy_api[fwd_task_onepass[fp32,vec1]]",
                  "test_gn_tasks.py::test_gn_task_model_matches_occupancy_api[bwd_task_stats[fp16,vec8]]",
                  "test_gn_static.py::test_gn_compile[A100]"):  # fmt: skip
         assert line in out, line
     overflow = [line for line in out.splitlines() if "test_gn_overflow[" in line]
-    assert len(overflow) == 2 * (24 * 4 + 1)  # forward and backward: capped, natural, 2 profiles, 2**31
+    # forward, backward, one-launch backward: capped, natural, 2 profiles, 2**31
+    assert len(overflow) == 3 * (24 * 4 + 1)
     both = pytester.runpytest("--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100", "--gn-arch", "both")
     cases = [line for line in both.stdout.str().splitlines() if "test_gn_overflow[" in line]
-    assert len(cases) == 48 * 3 + 2 + 2 * (24 * 3 + 1)
+    assert len(cases) == 48 * 3 + 2 + 3 * (24 * 3 + 1)
     default = pytester.runpytest("--co", "-q", "--gn-arch-sweep", "--gn-profiles", "A100")
     assert [line for line in default.stdout.str().splitlines() if "test_gn_overflow[" in line] == cases
 
@@ -143,9 +149,13 @@ def test_the_planted_bugs_selection_picks_the_task_cases_that_overflow(pytester:
     assert _ids(result) == ["fwd-tasks-cap2-x2p1-fp16-silu", "fwd-tasks-x2p1-fp16-silu"]
     # --select task-bwd-overflow-drop: every backward task case (its runs at caps 1 and 2 give members
     # several tiles wherever a task has more than one)
-    result = pytester.runpytest("--co", "-q", "--gn-arch", "both", "-k", "bwd-tasks")
+    result = pytester.runpytest("--co", "-q", "--gn-arch", "both", "-k", "bwd-tasks-")
     assert _ids(result) == ["bwd-tasks-cap3-x1-fp16-silu", "bwd-tasks-cap1-x2p1-fp16-silu",
                             "bwd-tasks-x1-fp16-silu", "bwd-tasks-x2p1-fp16-silu"]  # fmt: skip
+    # task-bwd1-reread-skip: the one-launch backward's cases (tasks_gpu.sh step 4)
+    result = pytester.runpytest("--co", "-q", "--gn-arch", "both", "-k", "bwd-tasks1")
+    assert _ids(result) == ["bwd-tasks1-cap2-x1-fp16-silu", "bwd-tasks1-cap3-x2p1-fp16-silu",
+                            "bwd-tasks1-x1-fp16-silu", "bwd-tasks1-x2p1-fp16-silu"]  # fmt: skip
 
 
 def test_xdist_workers_collect_the_same_task_cases(pytester: pytest.Pytester) -> None:
@@ -153,9 +163,9 @@ def test_xdist_workers_collect_the_same_task_cases(pytester: pytest.Pytester) ->
     result = pytester.runpytest_subprocess(
         "-p", "xdist", "-n", "2", "-p", "no:cacheprovider", "--gn-arch", "both"
     )
-    result.assert_outcomes(skipped=16)
+    result.assert_outcomes(skipped=20)
     assert "Different tests were collected" not in result.stdout.str() + result.stderr.str()
-    result.stdout.fnmatch_lines(["overflow cases: 16 collected: 0 passed, 0 failed, 16 skipped"])
+    result.stdout.fnmatch_lines(["overflow cases: 20 collected: 0 passed, 0 failed, 20 skipped"])
 
 
 def test_the_sweep_summary_without_nvcc_or_gpu(pytester: pytest.Pytester, monkeypatch) -> None:
@@ -165,15 +175,15 @@ def test_the_sweep_summary_without_nvcc_or_gpu(pytester: pytest.Pytester, monkey
     )
     result.stdout.fnmatch_lines([
         "*gn summary*",
-        "overflow cases: 292 collected: 0 passed, 0 failed, 292 skipped",
-        "  this GPU: 196 (96 natural, 96 capped, 4 over 2**31 elements; 98 of them task kernel cases (49 "
-        "forward, 49 backward)): *",
-        "  profiles: 96 (1 profiles, 96 each): *",
+        "overflow cases: 365 collected: 0 passed, 0 failed, 365 skipped",
+        "  this GPU: 245 (120 natural, 120 capped, 5 over 2**31 elements; 147 of them task kernel cases (49 "
+        "forward, 49 backward, 49 one-launch backward)): *",
+        "  profiles: 120 (1 profiles, 120 each): *",
         "arch sweep (*; tasks f,b = the task kernels, forward (one-pass) and backward (stats): chunks a *",
         "profile*residency f,b*tasks slots,res f,b*cases*",
-        "A100*sm_80*108*96*0*0*96*no (no GPU)",
-        "cases column total: 292 = the overflow cases collected",
-        "GPU part skipped (*): none of the 292 overflow cases ran (96 profile cases, 196 cases of this GPU), "
-        "and the 24 self-check tests were skipped",
+        "A100*sm_80*108*120*0*0*120*no (no GPU)",
+        "cases column total: 365 = the overflow cases collected",
+        "GPU part skipped (*): none of the 365 overflow cases ran (120 profile cases, 245 cases of this "
+        "GPU), and the 30 self-check tests were skipped",
     ])  # fmt: skip
     assert result.ret == 0, result.stdout.str()
