@@ -313,16 +313,19 @@ def chunks_rank(ratio: Ratio, p: TaskPlan) -> int | None:
     return None
 
 
-def describe_plan(p: TaskPlan) -> str:
+def describe_plan(p: TaskPlan, unit: str = "chunks") -> str:
+    """A plan whose members keep chunks on chip (the forward's; the one-launch backward's keep chunk
+    pairs: `unit`)."""
     assert p.teams is not None
     return (
         f"grid {p.grid} = {p.teams.teams} teams x {p.teams.team_size}, {p.teams.rounds} rounds, busiest "
-        f"member {p.teams.chunks_per_member} chunks per task over {p.slots} slots, "
-        f"{schedule.task_reread_chunks(p)} chunks re-read"
+        f"member {p.teams.chunks_per_member} {unit} per task over {p.slots} slots, "
+        f"{schedule.task_reread_chunks(p)} {unit} re-read"
     )
 
 
-def _rereads_nothing(p: TaskPlan) -> str | None:
+def rereads_nothing(p: TaskPlan) -> str | None:
+    """Why a plan would not overflow (nothing read twice), or None."""
     if schedule.task_reread_chunks(p) == 0:
         return f"{p.tiling.tiles} tiles re-read nothing with {p.residency} blocks"
     return None
@@ -336,7 +339,7 @@ FORWARD = TaskCases(
     count=lambda p: p.teams.chunks_per_member,
     unit=lambda p: p.slots,
     rank=chunks_rank,
-    no_overflow=_rereads_nothing,
+    no_overflow=rereads_nothing,
     counted="busiest member {count} chunks ({label} of {unit} slots)",
     unfound="gives a member {want} chunks ({ratio} of {slots} slots) or a count of its class",
     unemulated="shared memory not emulated: {profile} keeps {model} chunks per block, this GPU {run} "

@@ -31,12 +31,21 @@ GPU's (said in the notes where it differs).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
-from gn_module import schedule
 from gn_module.schedule import TaskPlan
+from pytest_gn import tasks
 from pytest_gn.cases import CaseSpec, GnCase, Ratio
-from pytest_gn.tasks import BATCH_SAMPLES, FORWARD, TaskCases, chunks_rank, member_tiles, near_rank
+from pytest_gn.tasks import (
+    BATCH_SAMPLES,
+    FORWARD,
+    TaskCases,
+    chunks_rank,
+    member_tiles,
+    near_rank,
+    rereads_nothing,
+)
 
 #: Sample counts the batch geometry tries where the forward's give no shape: a backward team runs
 #: several tasks in turn only when the tasks outnumber the teams (its plan weighs no overflow against
@@ -103,21 +112,6 @@ resolve_task_bwd = BACKWARD.resolve
 
 
 # ------------------------------------------------------------------ the one-launch backward's
-def describe_onepass(p: TaskPlan) -> str:
-    assert p.teams is not None
-    return (
-        f"grid {p.grid} = {p.teams.teams} teams x {p.teams.team_size}, {p.teams.rounds} rounds, busiest "
-        f"member {p.teams.chunks_per_member} chunk pairs per task over {p.slots} slots, "
-        f"{schedule.task_reread_chunks(p)} chunk pairs read again"
-    )
-
-
-def _keeps_everything(p: TaskPlan) -> str | None:
-    if schedule.task_reread_chunks(p) == 0:
-        return f"{p.tiling.tiles} tiles: no chunk pair read again with {p.residency} blocks"
-    return None
-
-
 #: The one-launch backward (``bwd_task_onepass``, ``GN_ARCH=tasks+bwd1``, case arch ``tasks1``): the
 #: same teams, tiles and sums as the two launches in one cooperative launch. Its members keep their last
 #: ``slots`` chunk pairs (x and dy) on chip across the task's barrier and read the others again for dx,
@@ -132,11 +126,11 @@ BACKWARD_ONEPASS = TaskCases(
     count=FORWARD.count,
     unit=FORWARD.unit,
     rank=chunks_rank,
-    no_overflow=_keeps_everything,
+    no_overflow=rereads_nothing,
     counted="busiest member {count} chunk pairs ({label} of {unit} slots)",
     unfound="gives a member {want} chunk pairs ({ratio} of {slots} slots) or a count of its class",
     unemulated="shared memory not emulated: {profile} keeps {model} chunk pairs per block, this GPU {run}",
-    describe=describe_onepass,
+    describe=functools.partial(tasks.describe_plan, unit="chunk pairs"),
 )
 resolve_task_bwd1 = BACKWARD_ONEPASS.resolve
 

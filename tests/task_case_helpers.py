@@ -173,6 +173,28 @@ def assert_geometry(case: GnCase, t: TaskTiling, p: TaskPlan) -> None:
         assert case.cap == capped_at(spec), spec.id
 
 
+def assert_chunks_claim(case: GnCase, p: TaskPlan) -> None:
+    """A case whose members keep chunks (the forward) or chunk pairs (the one-launch backward) on chip:
+    its shape, run through the model (`p`, the scope's plan), gives the busiest member the count the
+    case claims: M x slots + K, or (said in the notes) the nearest count within one ring of slots that
+    stays above M x slots; x1 re-reads nothing, every other ratio re-reads; and the geometry holds."""
+    spec, t = case.spec, tiling_of(case)
+    ratio, slots = spec.ratio, p.slots
+    busiest = p.teams.chunks_per_member
+    assert busiest == max(schedule.task_member_chunks(t, p.teams.team_size)) == case.task.chunks, spec.id
+    assert case.task.model_slots == slots and case.tiles == t.tiles == p.tiles and p.schedule == 1, spec.id
+    want = ratio.mult * slots + ratio.plus
+    if busiest != want:
+        assert ratio.plus > 0 and ratio.mult * slots < busiest and abs(busiest - want) < slots, spec.id
+        assert any(f"instead of {want} ({ratio.label})" in note for note in case.notes), case.notes
+    reread = schedule.task_reread_chunks(p)
+    if ratio.label == "x1":
+        assert busiest == slots and reread == 0, spec.id  # everything kept, at the boundary
+    else:
+        assert busiest > slots and reread > 0, spec.id  # the re-read path runs
+    assert_geometry(case, t, p)
+
+
 def seconds_to_resolve(resolve: Callable[[CaseSpec], GnCase], specs: Iterable[CaseSpec]) -> float:
     """How long resolving the specs takes with the search's plans forgotten (cold)."""
     tasks._PLANS.clear()

@@ -137,25 +137,8 @@ def test_the_sweep_gives_every_profile_24_task_cases_that_meet_every_kind() -> N
 
 # ------------------------------------------------------------------ every case has the ratio it claims
 def assert_claim(case: GnCase) -> None:
-    """The case's shape, run through the model, gives the busiest member the chunk count the case
-    claims: M x slots + K, or (said in the notes) the nearest count within one ring of slots that
-    stays above M x slots; x1 re-reads nothing, every other ratio re-reads; and the geometry holds."""
-    spec, t, p = case.spec, tiling_of(case), scope_plan(case)
-    ratio, slots = spec.ratio, p.slots
-    members = schedule.task_member_chunks(t, p.teams.team_size)
-    busiest = p.teams.chunks_per_member
-    assert busiest == max(members) == case.task.chunks, spec.id
-    assert case.task.model_slots == slots and case.tiles == t.tiles == p.tiles, spec.id
-    want = ratio.mult * slots + ratio.plus
-    if busiest != want:
-        assert ratio.plus > 0 and ratio.mult * slots < busiest and abs(busiest - want) < slots, spec.id
-        assert any(f"instead of {want} ({ratio.label})" in note for note in case.notes), case.notes
-    reread = schedule.task_reread_chunks(p)
-    if ratio.label == "x1":
-        assert busiest == slots and reread == 0, spec.id  # everything kept, at the boundary
-    else:
-        assert busiest > slots and reread > 0, spec.id  # the re-read path runs
-    helpers.assert_geometry(case, t, p)
+    """The busiest member's chunks per task over the slots (`helpers.assert_chunks_claim`)."""
+    helpers.assert_chunks_claim(case, scope_plan(case))
 
 
 @pytest.mark.parametrize("scope", SCOPES)

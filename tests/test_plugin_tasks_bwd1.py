@@ -9,7 +9,7 @@ import os
 
 import pytest
 import task_case_helpers as helpers
-from task_case_helpers import BUILTIN, THIS_GPU, Direction, in_scope, tiling_of
+from task_case_helpers import BUILTIN, THIS_GPU, Direction, in_scope
 
 from gn_module import schedule
 from pytest_gn import tasks, tasks_bwd
@@ -66,23 +66,8 @@ def test_the_sweep_gives_every_profile_24_one_launch_backward_cases_that_meet_ev
 
 # ------------------------------------------------------------------ every case has the ratio it claims
 def assert_claim(case: GnCase) -> None:
-    """The case's shape, run through the model, gives the busiest member the chunk pairs the case
-    claims: M x slots + K, or (said in the notes) the nearest count of its ring; x1 keeps everything on
-    chip, every other ratio reads chunk pairs again; and the geometry holds."""
-    spec, t, p = case.spec, tiling_of(case), scope_plan(case)
-    busiest, slots = p.teams.chunks_per_member, p.slots
-    assert busiest == max(schedule.task_member_chunks(t, p.teams.team_size)) == case.task.chunks, spec.id
-    assert case.task.model_slots == slots and case.tiles == t.tiles == p.tiles and p.schedule == 1, spec.id
-    want = spec.ratio.mult * slots + spec.ratio.plus
-    if busiest != want:
-        assert spec.ratio.plus > 0 and spec.ratio.mult * slots < busiest and abs(busiest - want) < slots
-        assert any(f"instead of {want} ({spec.ratio.label})" in note for note in case.notes), case.notes
-    reread = schedule.task_reread_chunks(p)
-    if spec.ratio.label == "x1":
-        assert busiest == slots and reread == 0, spec.id
-    else:
-        assert busiest > slots and reread > 0, spec.id
-    helpers.assert_geometry(case, t, p)
+    """The busiest member's chunk pairs per task over the slots (`helpers.assert_chunks_claim`)."""
+    helpers.assert_chunks_claim(case, scope_plan(case))
 
 
 @pytest.mark.parametrize("scope", SCOPES)
