@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A/B of kernel trees on the same GPU in one call: for each exported tree (git archive of a commit or
 # branch), the backward benchmark of the small shapes and the backward trace, logs under OUT/<name>.
+# AB_DIRECTION=fwd: the forward benchmark and the two-launch forward's launch times instead.
 #   bash scripts/ab_trees.sh OUT main=.clean exp=.clean_exp exp1=.clean_exp@tasks+bwd1
 # TREE@ARCH runs that tree under GN_ARCH=ARCH (else the environment's). Under tasks+bwd1 the trace has no
 # phases (the one-pass kernel sets no trace points), only the kernel's device time. TREE%PLANTING (after
@@ -14,6 +15,12 @@ shift
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 export PYTHONUNBUFFERED=1
 SHAPES=${AB_SHAPES:-2x320x64x64,2x640x32x32,2x1280x16x16,1x512x128x128}
+DIRECTION=${AB_DIRECTION:-bwd}
+case $DIRECTION in
+  bwd) profile=--trace-bwd ;;
+  fwd) profile=--launches-fwd ;;
+  *) echo "AB_DIRECTION must be fwd or bwd, got $DIRECTION" >&2; exit 2 ;;
+esac
 status=0
 env_arch=${GN_ARCH-}
 for pair in "$@"; do
@@ -33,11 +40,11 @@ for pair in "$@"; do
   mkdir -p "$out/$name"
   echo "== $name ($tree${arch:+, GN_ARCH=$arch}${planting:+, planted $planting})" | tee -a "$out/summary.txt"
   (cd "$tree" && PYTHONPATH="$tree/src:$tree" python3 -m gn_module.bench --shapes "$SHAPES" --dtypes fp16 \
-    --directions bwd --impls ours-auto --reps 50 --max-seconds 0.2 --json "$out/$name/bench.json" \
+    --directions "$DIRECTION" --impls ours-auto --reps 50 --max-seconds 0.2 --json "$out/$name/bench.json" \
     --markdown "$out/$name/bench.md" >"$out/$name/bench.log" 2>&1) || status=1
   grep -E "^\| " "$out/$name/bench.md" | tee -a "$out/summary.txt"
-  (cd "$tree" && PYTHONPATH="$tree/src:$tree" python3 scripts/profile_tasks.py --trace-bwd \
-    >"$out/$name/trace_bwd.log" 2>&1) || status=1
-  cat "$out/$name/trace_bwd.log" >>"$out/summary.txt"
+  (cd "$tree" && PYTHONPATH="$tree/src:$tree" python3 scripts/profile_tasks.py "$profile" \
+    >"$out/$name/profile.log" 2>&1) || status=1
+  cat "$out/$name/profile.log" >>"$out/summary.txt"
 done
 exit $status

@@ -153,6 +153,25 @@ PLANTINGS = {
         "whatever the workspace held)",
         "bwd-tasks", False,
     ),
+    # Timing experiments on the forward's stats phase (task kernels; results wrong): how much of the
+    # stats launch's time is the per-element arithmetic, and how much the per-tile fold.
+    "timing-fwd-less-math": Planting(
+        "gn_tasks.cuh",
+        "        const float e = to_float(x.v[v]) - shift[v];\n"
+        "        s1[v] += e;\n"
+        "        s2[v] = fmaf(e, e, s2[v]);",
+        "        s1[v] += to_float(x.v[v]);  // PLANTED (timing only): no shift, no sum of squares",
+        "task forward stats: only the conversion and one add per element (no shift, no sum of squares)",
+        "fwd-tasks", False,
+    ),
+    "timing-fwd-no-fold": Planting(
+        "gn_tasks.cuh", TASK_FINISH_TILE,
+        "          // PLANTED (timing only): no per-tile fold and partial (the sums stay live)\n"
+        "          if (threadIdx.x == 0 && s1[0] == 1234.5f)\n"
+        "            parts[tile] = make_float2(s1[V - 1], s2[V - 1]);",
+        "task forward stats: no per-tile fold (two barriers, shuffles) and no tile partial",
+        "fwd-tasks", False,
+    ),
 }  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 python scripts/profile_tasks.py [--once]     # --once: one call per shape (under ncu)
 python scripts/profile_tasks.py --trace      # the one-pass forward's phases per block
 python scripts/profile_tasks.py --trace-bwd  # the task backward's phases per block and its launches' times
+python scripts/profile_tasks.py --launches-fwd  # the two-launch forward's stats and apply launches' times
 """
 
 from __future__ import annotations
@@ -125,22 +126,52 @@ def trace_backward() -> int:
                 d = (t[ok, z] - t[ok, a]).double() / (ghz * 1e3)
                 med, most, blocks = d.median().item(), d.max().item(), int(ok.sum())
                 print(f"  {name:38} {med:8.2f} / {most:8.2f}  ({blocks} blocks)")
-        launches: dict[str, list[float]] = {}
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                flush.zero_()
-                torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
-            torch.cuda.synchronize()
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA and "bwd_task" in e.name:
-                launches.setdefault(e.name.split("<")[0].split("(")[0], []).append(e.device_time)
-        for name, times in sorted(launches.items()):
-            times.sort()
-            print(f"  kernel {name:31} {times[len(times) // 2]:8.2f} us (median of {len(times)})")
+        grads = lambda y=y, x=x, w=w, b=b, dy=dy: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)  # noqa: E731
+        for name, us in launch_times(grads, "bwd_task", flush).items():
+            print(f"  kernel {name:31} {us:8.2f} us (median of 10)")
+    return 0
+
+
+def launch_times(call, name_part: str, flush: torch.Tensor, calls: int = 10) -> dict[str, float]:
+    """Median device time (us) of each kernel whose name holds `name_part` over `calls` calls of `call`,
+    L2 flushed before each (torch.profiler)."""
+    launches: dict[str, list[float]] = {}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            call()
+        torch.cuda.synchronize()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and name_part in e.name:
+            launches.setdefault(e.name.split("<")[0].split("(")[0], []).append(e.device_time)
+    return {name: sorted(t)[len(t) // 2] for name, t in sorted(launches.items())}
+
+
+def launches_forward() -> int:
+    """The two-launch forward (passes=2) per shape: each launch's device time and the stats launch's
+    read rate / the apply launch's read + write rate (TB/s)."""
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for shape, groups, act in SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        w = torch.randn(shape[1], device="cuda", dtype=torch.float16)
+        b = torch.randn(shape[1], device="cuda", dtype=torch.float16)
+
+        def call(x=x, w=w, b=b, groups=groups, act=act):
+            with torch.no_grad():
+                return gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=2)
+
+        call()
+        nbytes = x.numel() * x.element_size()
+        print(f"{'x'.join(map(str, shape))} forward, two launches ({nbytes / 2**20:.0f} MiB per tensor)")
+        for name, us in launch_times(call, "fwd_task", flush).items():
+            moved = nbytes * (2 if "apply" in name else 1)
+            print(f"  kernel {name:31} {us:8.2f} us  {moved / us / 1e6:5.2f} TB/s")
     return 0
 
 
 def main() -> int:
+    if "--launches-fwd" in sys.argv:
+        return launches_forward()
     if "--trace-bwd" in sys.argv:
         return trace_backward()
     if "--trace" in sys.argv:

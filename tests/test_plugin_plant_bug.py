@@ -33,8 +33,17 @@ TASK_PLANTING_SOURCES = {
 }
 
 
+#: The timing experiments (scripts/ab_trees.sh TREE%PLANTING), by the source that instantiates them.
+TIMING_PLANTING_SOURCES = {
+    "timing-bwd-no-param-sums": "gn_backward.cu",
+    "timing-fwd-less-math": "gn_forward.cu",
+    "timing-fwd-no-fold": "gn_forward.cu",
+}
+
+
 def test_every_planting_site_is_in_csrc_exactly_once() -> None:
     assert {n for n in plant_bug.PLANTINGS if n.startswith("task-")} == set(TASK_PLANTING_SOURCES)
+    assert {n for n in plant_bug.PLANTINGS if n.startswith("timing-")} == set(TIMING_PLANTING_SOURCES)
     assert plant_bug.missing_sites() == [], "move the sites in scripts/plant_bug.py to the new kernels"
 
 
@@ -55,7 +64,7 @@ def test_planting_changes_its_site_only(name: str) -> None:
         shutil.rmtree(bad.parent)
 
 
-@pytest.mark.parametrize("name", sorted(TASK_PLANTING_SOURCES))
+@pytest.mark.parametrize("name", sorted(TASK_PLANTING_SOURCES | TIMING_PLANTING_SOURCES))
 def test_a_task_planting_compiles(name: str) -> None:
     """The GPU run builds the planted copy (GN_CSRC_DIR): a planting that does not compile would turn
     every case red for the wrong reason. The source that instantiates it, for the H200."""
@@ -68,8 +77,8 @@ def test_a_task_planting_compiles(name: str) -> None:
     p = plant_bug.PLANTINGS[name]
     bad = plant_bug.plant(name)
     try:
-        src = bad / TASK_PLANTING_SOURCES[name]
-        assert f'#include "{p.file}"' in src.read_text()
+        src = bad / (TASK_PLANTING_SOURCES | TIMING_PLANTING_SOURCES)[name]
+        assert p.file == src.name or f'#include "{p.file}"' in src.read_text()
         kernels = [k.name for k in resources.compile_source(nvcc, src, "sm_90")]
         assert any("task" in k for k in kernels), kernels
     finally:
