@@ -150,13 +150,21 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
   __shared__ unsigned target;
   __shared__ int tasks_done, reread;
   if (threadIdx.x == 0) tasks_done = reread = 0;
+  // trace points of the block's first task (scripts/profile_tasks.py --trace-bwd): 0 start, 2 x and dy
+  // reduced, 3 arrived, 4 the task's statistics in (the last member: after its combine), 6 its
+  // dweight/dbias strips summed, 10 dx written; 11-12 the dweight/dbias totals; 15 the block's end
+  trace_point(a, 0);
   if (team < a.teams) {
     const int t0 = member_tile(a, member), t1 = member_tile(a, member + 1);  // (32-bit: schedule.task_tiling)
     const int tasks = static_cast<int>(task_count(a));  // (below 2**31: schedule.task_tiling)
     for (int task = team; task < tasks; task += a.teams) {
+      const bool first = task == team;
       member_bwd_stats<T, V>(a, task, t0, t1, sm);
-      if (task == team && threadIdx.x == 0) target = launch_target(a);
-      if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) {
+      if (first) trace_point(a, 2);
+      if (first && threadIdx.x == 0) target = launch_target(a);
+      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
+      if (first) trace_point(a, 3);
+      if (last) {
         bwd_combine_task(a, task);
         __syncthreads();
         if (threadIdx.x == 0) store_release(flags(a, task), target);  // after the barrier: all threads' writes
@@ -166,22 +174,27 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
         }
         __syncthreads();
       }
+      if (first) trace_point(a, 4);
       // every tile's partials of the task are written: this member's strips of its dweight/dbias
       if (a.dweight != nullptr || a.dbias != nullptr) {
         const int per_task = static_cast<int>((a.window + 31) / 32);  // (bwd_param_strip)
         for (int j = member; j < per_task; j += a.team_size) bwd_param_strip(a, task * per_task + j, sm.scratch);
       }
+      if (first) trace_point(a, 6);
       const int r = with_act(a.act, [&](auto act) {  // (each ends with a barrier)
         const int kept = min((t1 - t0) * chunks_per_tile(a), a.slots);  // what member_bwd_stats left on chip
         return member_bwd_apply<T, V, decltype(act)::value>(a, task, t0, t1, sm, kept);
       });
+      if (first) trace_point(a, 10);
       if (threadIdx.x == 0) {
         reread += r;
         tasks_done += 1;
       }
     }
   }
+  trace_point(a, 11);
   bwd_param_totals(a);  // every block: the last one to arrive writes dweight and dbias (barriers inside)
+  trace_point(a, 12);
   __syncthreads();
   const int tiles = team < a.teams ? tasks_done * (member_tile(a, member + 1) - member_tile(a, member)) : 0;
   // (tasks_done and reread were last written by thread 0, before bwd_param_totals' barriers)
@@ -189,6 +202,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
   record(a, 2, tiles);
   record(a, 3, reread);
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+  trace_point(a, 15);
   finish_launch(a);
 }
 

@@ -3,8 +3,8 @@
 # branch), the backward benchmark of the small shapes and the backward trace, logs under OUT/<name>.
 # AB_DIRECTION=fwd: the forward benchmark and the two-launch forward's launch times instead.
 #   bash scripts/ab_trees.sh OUT main=.clean exp=.clean_exp exp1=.clean_exp@tasks+bwd1
-# TREE@ARCH runs that tree under GN_ARCH=ARCH (else the environment's). Under tasks+bwd1 the trace has no
-# phases (the one-pass kernel sets no trace points), only the kernel's device time. TREE%PLANTING (after
+# TREE@ARCH runs that tree under GN_ARCH=ARCH (else the environment's). Under tasks+bwd1 the trace shows
+# the one-launch kernel's phases for the shapes that take it. TREE%PLANTING (after
 # any @ARCH) runs that tree's kernels with a planting of its scripts/plant_bug.py (GN_CSRC_DIR), e.g.
 # the timing experiment timing-bwd-no-param-sums.
 # Each tree builds its own library (the build cache is keyed by the sources), and runs from its own

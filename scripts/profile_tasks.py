@@ -95,11 +95,22 @@ BWD_PHASES = (
     ("apply launch: dweight, dbias", 11, 12),
     ("apply launch: whole block", 8, 15),
 )
+#: The one-launch backward's (GN_ARCH=tasks+bwd1, where passes="auto" takes it): bwd_task_onepass's points.
+BWD_ONEPASS_PHASES = (
+    ("one launch: x and dy reduced", 0, 2),
+    ("one launch: arrive", 2, 3),
+    ("one launch: the task's statistics in", 3, 4),
+    ("one launch: its dweight/dbias strips", 4, 6),
+    ("one launch: dx written", 6, 10),
+    ("one launch: dweight/dbias totals", 11, 12),
+    ("one launch: whole block", 0, 15),
+)
 
 
 def trace_backward() -> int:
     """Per block, the task backward's phases on its first task (median / max over blocks, us), then the
-    device time of each of its two launches (torch.profiler, median of 10 calls); x and dy from DRAM."""
+    device time of each of its launches (torch.profiler, median of 10 calls); x and dy from DRAM. Under
+    GN_ARCH=tasks+bwd1 the shapes whose plan takes one launch show the one-launch kernel's phases."""
     from gn_module import ops
 
     props = torch.cuda.get_device_properties(0)
@@ -120,7 +131,7 @@ def trace_backward() -> int:
             torch.cuda.synchronize()
         t = trace.cpu()
         print(f"{'x'.join(map(str, shape))} backward grid {plan.grid} {plan.teams} (us at {ghz:.2f} GHz)")
-        for name, a, z in BWD_PHASES:
+        for name, a, z in BWD_ONEPASS_PHASES if plan.schedule == 1 else BWD_PHASES:
             ok = (t[:, a] >= 0) & (t[:, z] >= 0)
             if ok.any():
                 d = (t[ok, z] - t[ok, a]).double() / (ghz * 1e3)
