@@ -1915,6 +1915,62 @@ static void measure_l2() {
 // ------------------------------------------------------------------------------------------------
 // 5. Small tensors
 // ------------------------------------------------------------------------------------------------
+// 6. Host time per launch: what gn_module's C launcher pays per call on top of Python (issue 12's 20 us
+// per eager call). N back-to-back launches of an empty kernel, wall time on the host, one sync at the end.
+__global__ void __launch_bounds__(256, 2) k_empty_smem() {
+  extern __shared__ unsigned char sm[];
+  if (threadIdx.x == 1024) sm[0] = 0;  // never: keeps the dynamic shared memory declared
+}
+
+static void measure_host() {
+  Table t{"host",
+          "6. Host time per kernel launch (wall clock, back-to-back launches, one synchronize at the end)",
+          "An empty kernel of 2 CTAs x 256 threads per SM with 64 KB of dynamic shared memory each (the task "
+          "kernels' launch shape), launched N times: <<<>>>, cudaLaunchKernel, cudaLaunchCooperativeKernel (the "
+          "one-pass kernels'), and each with a cudaGetDevice + cudaSetDevice pair before it (gn_module's device "
+          "guard). us per launch = wall time / N.",
+          {"launch", "N", "us per launch"},
+          1,
+          {}};
+  const void* fn = (const void*)k_empty_smem;
+  const size_t smem = 64 * 1024;
+  CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  const dim3 grid(2 * g_dev.sms), block(256);
+  const int n = 2000;
+  auto time_it = [&](const char* name, auto&& launch) {
+    for (int i = 0; i < 50; ++i) launch();  // warm
+    CK(cudaStreamSynchronize(g_s));
+    std::vector<double> rounds;
+    for (int r = 0; r < 5; ++r) {
+      const double t0 = now_s();
+      for (int i = 0; i < n; ++i) launch();
+      CK(cudaStreamSynchronize(g_s));
+      rounds.push_back((now_s() - t0) * 1e6 / n);
+    }
+    std::sort(rounds.begin(), rounds.end());
+    t.rows.push_back({name, istr(n), fmt("%.2f", rounds[2])});
+    g_summary.push_back(std::string("host ") + name + ": " + fmt("%.2f", rounds[2]) + " us per launch");
+  };
+  void* no_args[] = {nullptr};
+  auto guard = [] {
+    int dev = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaSetDevice(dev));
+  };
+  time_it("<<<>>>", [&] { k_empty_smem<<<grid, block, smem, g_s>>>(); });
+  time_it("cudaLaunchKernel", [&] { CK(cudaLaunchKernel(fn, grid, block, no_args, smem, g_s)); });
+  time_it("cudaLaunchCooperativeKernel", [&] { CK(cudaLaunchCooperativeKernel(fn, grid, block, no_args, smem, g_s)); });
+  time_it("guard + cudaLaunchKernel", [&] {
+    guard();
+    CK(cudaLaunchKernel(fn, grid, block, no_args, smem, g_s));
+  });
+  time_it("guard + cudaLaunchCooperativeKernel", [&] {
+    guard();
+    CK(cudaLaunchCooperativeKernel(fn, grid, block, no_args, smem, g_s));
+  });
+  emit(t);
+}
+
 static void measure_small() {
   Table t{"small",
           "5. Small tensors: launch cost and one launch of the on-chip prototype",
@@ -2080,6 +2136,7 @@ int main(int argc, char** argv) {
   if (wanted("barrier")) section("barrier", measure_barrier);
   if (wanted("l2")) section("l2", measure_l2);
   if (wanted("small")) section("small", measure_small);
+  if (wanted("host")) section("host", measure_host);
 
   // The copy again, last: if it moved by more than a few percent, the clocks or the card's state drifted.
   const double copy_first = g_copy_tbs;
