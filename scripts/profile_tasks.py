@@ -116,7 +116,11 @@ def trace_backward() -> int:
     props = torch.cuda.get_device_properties(0)
     ghz = props.clock_rate / 1e6 if hasattr(props, "clock_rate") else 1.98
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    # GN_PROFILE_PAD_KIB=k: k KiB allocated ahead of each shape's tensors move them (and dx) to other
+    # addresses (session 8's open question: does the apply's 7 % come from where dx lands?)
+    pad_kib = int(os.environ.get("GN_PROFILE_PAD_KIB", "0"))
     for shape, groups, act in SHAPES:
+        pad = torch.empty(pad_kib << 10, dtype=torch.uint8, device="cuda") if pad_kib else None
         x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
         x.requires_grad_(True)
         w = torch.randn(shape[1], device="cuda", dtype=torch.float16, requires_grad=True)
@@ -137,6 +141,8 @@ def trace_backward() -> int:
                 d = (t[ok, z] - t[ok, a]).double() / (ghz * 1e3)
                 med, most, blocks = d.median().item(), d.max().item(), int(ok.sum())
                 print(f"  {name:38} {med:8.2f} / {most:8.2f}  ({blocks} blocks)")
+        if pad is not None:
+            print(f"  (tensors allocated after a {pad_kib} KiB pad: x at {x.data_ptr():#x})")
         grads = lambda y=y, x=x, w=w, b=b, dy=dy: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)  # noqa: E731
         for name, us in launch_times(grads, "bwd_task", flush).items():
             print(f"  kernel {name:31} {us:8.2f} us (median of 10)")
