@@ -174,3 +174,17 @@ def test_the_summary_counts_the_one_launch_backward_cases_apart() -> None:
 def test_profiles_use_the_one_launch_kernels_registers() -> None:
     spec = next(s for s in SPECS if s.profile in BUILTIN)
     assert spec.config.startswith("bwd_task_onepass[")
+
+
+def test_the_plugin_resolves_each_kind_of_task_case_with_its_own_rules() -> None:
+    """resolve_local and the sweep resolve through `tasks_bwd.resolver_of`: a one-launch backward case must
+    get the one-launch rules (chunk pairs over slots), not the two launches' (tiles over members)."""
+    kinds = {"fwd": ("fwd", "tasks"), "bwd": ("bwd", "tasks"), "bwd1": ("bwd", "tasks1")}
+    resolvers = {kind: tasks_bwd.resolver_of(CaseSpec(d, X2P1, "fp16", "silu", arch=a)) for kind, (d, a) in
+                 kinds.items()}  # fmt: skip
+    assert resolvers == {"fwd": tasks.resolve_task, "bwd": tasks_bwd.resolve_task_bwd,
+                         "bwd1": tasks_bwd.resolve_task_bwd1}  # fmt: skip
+    spec = CaseSpec("bwd", X2P1, "fp16", "silu", 64, 1, arch="tasks1")
+    case = tasks_bwd.resolver_of(spec)(spec, model_of(THIS_GPU))
+    assert case == resolve(spec) and scope_plan(case).schedule == 1
+    assert case.task.chunks == 2 * case.task.model_slots + 1  # x2p1 of the slots, not of the team
