@@ -153,6 +153,11 @@ class CaseSpec:
         return self.arch in TASK_ARCHS
 
     @property
+    def task_kind(self) -> str:
+        """A task case's kind (`TASK_KERNELS`' keys): "fwd", "bwd" (two launches) or "bwd1" (one)."""
+        return "bwd1" if self.arch == "tasks1" else self.direction
+
+    @property
     def id(self) -> str:
         parts = [self.profile] if self.profile else []
         parts += [self.direction, self.arch if self.is_task else self.schedule]
@@ -199,8 +204,7 @@ class CaseSpec:
         """Kernel configuration of the one-pass launch, named as `gn_module.resources` names it."""
         if self.is_task:
             t = schedule.task_tiling(self.channels, self.groups, 1 << 30, self.itemsize, self.direction)
-            kind = "bwd1" if self.arch == "tasks1" else self.direction
-            return task_config(self.torch_dtype, t.vec if t is not None else 1, kind)
+            return task_config(self.torch_dtype, t.vec if t is not None else 1, self.task_kind)
         return onepass_config(self.direction, self.torch_dtype, self.tiling().vec)
 
     def labels(self) -> dict[str, Any]:

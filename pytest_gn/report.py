@@ -121,7 +121,7 @@ def scope_lines(tally: Tally) -> list[str]:
 
 
 def task_kind(case: dict[str, Any]) -> str:
-    """A task case's kind from its summary: "fwd", "bwd" (two launches) or "bwd1" (one launch)."""
+    """A task case's kind from its summary (JSON: `CaseSpec.task_kind`'s rule)."""
     return "bwd1" if case.get("arch") == "tasks1" else str(case.get("direction"))
 
 

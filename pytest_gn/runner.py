@@ -230,7 +230,7 @@ def task_runs(case: GnCase, cap: int | None) -> list[tuple[str, int, int | None]
     """(label, passes, cap entered or None) of a task case's runs under `cap`, the cap in force (module
     docstring). The backward's two-launch cases have one schedule; their runs take passes=2 (the
     two-pass task forward). The one-launch backward's cases run as the forward's."""
-    if case.direction == "fwd" or case.spec.arch == "tasks1":
+    if case.spec.task_kind != "bwd":  # the forward and the one-launch backward keep chunks on chip
         other = other_task_cap(case)
         return [("one-pass", 1, None), (f"one-pass cap {other}", 1, other), ("two-pass", 2, None)]
     first = "natural" if cap is None else f"cap {cap}"

@@ -91,7 +91,7 @@ def capped_at(spec: CaseSpec) -> int | None:
 
 def kind_of(spec: CaseSpec) -> str:
     """A task spec's kind: "fwd", "bwd" (the two-launch backward) or "bwd1" (the one-launch backward)."""
-    return "bwd1" if spec.arch == "tasks1" else spec.direction
+    return spec.task_kind
 
 
 def scope_of(spec: CaseSpec) -> str:
