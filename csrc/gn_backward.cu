@@ -73,7 +73,8 @@ int launch_backward(const GnArgs& a, cudaStream_t stream) {
 // ---------------------------------------------------------------- task architecture (two-pass)
 // Stats over persistent teams (as the forward's): each member reduces its tiles of its team's tasks;
 // the last member of a task sums its group partials (bwd_combine_task). Then dx over the same teams,
-// tasks and chunks in reverse, and dweight and dbias from the channel partials (bwd_param_sums).
+// tasks and chunks in reverse, with dweight and dbias from the channel partials summed behind each
+// block's first copies (bwd_param_sums).
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
   const TaskSmem<T> sm(a, 2);
@@ -110,25 +111,26 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   const int64_t tasks = task_count(a);
   int64_t tiles_done = 0, reread = 0;
+  // trace points of the block's first task (its team's last): 8 start, 10 dx written (its dweight/dbias
+  // strips included: they run behind the first copies); 15 the block's end (the stats launch's are 0-5)
+  trace_point(a, 8);
+  auto param_sums = [&] { bwd_param_sums(a, sm.scratch); };  // dweight and dbias: this block's strips
   if (team < a.teams && team < tasks) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task
-    // trace points of the block's first task (its team's last): 8 start, 10 dx written (the
-    // coefficients load behind the first copies); 11-12 dweight and dbias; 15 the block's end (the
-    // stats launch's points are 0-5)
-    trace_point(a, 8);
     for (int64_t task = last; task >= team; task -= a.teams) {
       const bool first = task == last;
       reread += with_act(a.act, [&](auto act) {  // (each ends with a barrier)
-        return member_bwd_apply<T, V, decltype(act)::value>(a, task, t0, t1, sm);
+        return member_bwd_apply<T, V, decltype(act)::value>(a, task, t0, t1, sm, 0, [&] {
+          if (first) param_sums();  // (uniform in the block)
+        });
       });
       if (first) trace_point(a, 10);
       tiles_done += t1 - t0;
     }
+  } else {
+    param_sums();  // a block without a task may still have strips
   }
-  trace_point(a, 11);
-  bwd_param_sums(a, sm.scratch);  // every block: the launch's last one to arrive writes them
-  trace_point(a, 12);
   trace_point(a, 15);
   record(a, 2, static_cast<int>(tiles_done));
   record(a, 3, static_cast<int>(reread));

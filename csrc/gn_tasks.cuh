@@ -841,28 +841,36 @@ static __device__ void bwd_param_strip(const GnArgs& a, int64_t strip, float2* f
   __syncthreads();  // fold is reused
 }
 
-// dweight and dbias (every block of the apply launch, after its dx): the block's strips (strip i
-// goes to block i % grid: which block sums a strip changes no bits), then the launch's last block to
-// arrive sums the channel sums over samples in order and stores them in the parameters' dtype (no
-// cast kernels after the launch). The stats launch finished every partial.
-static __device__ void bwd_param_totals(const GnArgs& a);
-
-static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
-  if (a.dweight == nullptr && a.dbias == nullptr) return;
-  for (int64_t strip = blockIdx.x; strip < bwd_param_strips(a); strip += gridDim.x) bwd_param_strip(a, strip, fold);
-  bwd_param_totals(a);
-}
-
-// Once every strip is summed (every block calls it after its strips): the launch's last block to
-// arrive sums the channel sums over samples in order into dweight and dbias.
-static __device__ void bwd_param_totals(const GnArgs& a) {
-  if (a.dweight == nullptr && a.dbias == nullptr) return;
-  if (!arrive(columns(a, 0), gridDim.x)) return;  // (task 0's column word: the launch's block count)
+// dweight and dbias: strip i of the launch goes to block i % grid (which block sums a strip changes no
+// bits); once every strip is summed, one block sums the channel sums over samples in order and stores
+// them in the parameters' dtype (no cast kernels after the launch).
+static __device__ void bwd_param_totals_now(const GnArgs& a) {
   for (int c = threadIdx.x; c < a.c; c += kThreads) {
     const float2 acc = sum_partials(channel_sums(a) + c, 0, static_cast<int>(a.n), static_cast<int>(a.c));
     if (a.dbias != nullptr) store_param(a.dbias, a.grad_dtype, c, acc.x);
     if (a.dweight != nullptr) store_param(a.dweight, a.grad_dtype, c, acc.y);
   }
+}
+
+// The apply launch's strips (bwd_task_apply): the stats launch finished every tile partial, so a block
+// sums its strips before its dx, behind its first copies, and the last of the blocks that have strips
+// writes the totals. (After the dx, as before, the strips and the last block's totals were a chain at
+// the launch's end: 2x1280x16x16's apply launch 14.1 us with them, 7.3 without; RESULTS.md session 9.)
+static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
+  if (a.dweight == nullptr && a.dbias == nullptr) return;
+  const int64_t strips = bwd_param_strips(a);
+  if (blockIdx.x >= strips) return;  // (uniform in the block)
+  for (int64_t strip = blockIdx.x; strip < strips; strip += gridDim.x) bwd_param_strip(a, strip, fold);
+  const unsigned with_strips = static_cast<unsigned>(strips < gridDim.x ? strips : gridDim.x);
+  if (arrive(columns(a, 0), with_strips)) bwd_param_totals_now(a);  // (task 0's column word)
+}
+
+// The one-launch backward's totals (bwd_task_onepass): every block calls it after its strips and dx;
+// the launch's last block to arrive writes dweight and dbias.
+static __device__ void bwd_param_totals(const GnArgs& a) {
+  if (a.dweight == nullptr && a.dbias == nullptr) return;
+  if (!arrive(columns(a, 0), gridDim.x)) return;  // (task 0's column word: the launch's block count)
+  bwd_param_totals_now(a);
 }
 
 // dx = rstd * (w * dz - (A + xhat * B) / M) for this thread's rows of one chunk pair.
@@ -893,10 +901,15 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const T* sd, int sst
 // `kept` are still in their slots (the one-pass kernel: member_bwd_stats just read them), the others are
 // read again (the activation a template parameter: one set of live coefficients per instantiation). Behind
 // the first copies: the task's parameters, statistics and per-group (A / M, B / M) into sm.param,
-// sm.grp and sm.coef. Returns the number of chunks read.
-template <typename T, int V, int kAct>
+// sm.grp and sm.coef, after `behind_copies()` (every thread). Returns the number of chunks read.
+struct NoStep {
+  __device__ void operator()() const {}
+};
+
+
+template <typename T, int V, int kAct, typename Step = NoStep>
 __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
-                                int kept = 0) {
+                                int kept = 0, Step behind_copies = Step{}) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t base = task_sample(a, task) * a.s * a.c + task_c0(a, task);
@@ -939,7 +952,11 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
     }
     return 1;
   };
-  const int reads = walk_ring_backwards(chunks, slots, read_into, load_coefs, [&](int q, int slot) {
+  auto started = [&] {
+    behind_copies();  // (every thread; before the coefficients are live in registers)
+    load_coefs();
+  };
+  const int reads = walk_ring_backwards(chunks, slots, read_into, started, [&](int q, int slot) {
     if (!lane.active) return;
     const T* s = mine + slot * sm.slot_elems;
     apply_rows_bwd<T, V, kAct>(s, s + sm.tensor_elems, sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);

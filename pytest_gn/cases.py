@@ -72,6 +72,10 @@ ROTATING = "fused"
 DEFAULT_ACTS = (ROTATING, None)
 DEFAULT_RATIOS = ("x1", "x1p1", "x2p1", "x4p3")
 DEFAULT_SHAPE = (128, 16)  # (channels, groups) whose ids carry no cCgG suffix
+#: (channels, groups) of the task kernels' cases over 2**31 elements: two 256-byte windows per sample in
+#: bf16 (schedule.task_window), so two teams share the residency and the two-launch backward's members
+#: hold two of their task's 256 tiles (with one task of 256 tiles over 264 blocks none would).
+BIG_TASK_SHAPE = (256, 32)
 #: Default (C, G) pairs: 16-byte vectors; the scalar path of 16-bit types with 5 (odd) channels
 #: per group, and fp32 4-wide vectors that straddle groups; the scalar path of every dtype;
 #: a single group; one channel per group (a vector spans 4 or 8 groups).
@@ -364,7 +368,7 @@ def specs_from_marker(
         for direction in directions if tiles else ():
             specs.append(CaseSpec(direction, Ratio(1), dtype, act, c, g, "natural", cap, geometry=BIG))
         for direction, arch in task_kinds:
-            specs.append(CaseSpec(direction, Ratio(1), dtype, act, c, g, "natural", cap, geometry=BIG,
+            specs.append(CaseSpec(direction, Ratio(1), dtype, act, *BIG_TASK_SHAPE, "natural", cap, geometry=BIG,
                                   arch=arch))  # fmt: skip
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):

@@ -85,14 +85,13 @@ def trace_all() -> int:
 
 
 #: Task backward trace points (csrc/gn_backward.cu): the stats launch's 0 and 2-5, the apply launch's 8,
-#: 10-12 and 15.
+#: 10 and 15 (a block's dweight/dbias strips run behind its first copies: inside 8-10).
 BWD_PHASES = (
     ("stats launch: parameters in, x and dy reduced", 0, 2),
     ("stats launch: arrive", 2, 3),
     ("stats launch: last member's combine", 3, 4),
     ("stats launch: whole block", 0, 5),
-    ("apply launch: coefficients in, dx written", 8, 10),
-    ("apply launch: dweight, dbias", 11, 12),
+    ("apply launch: coefficients in, dx written (strips included)", 8, 10),
     ("apply launch: whole block", 8, 15),
 )
 #: The one-launch backward's (GN_ARCH=tasks+bwd1, where passes="auto" takes it): bwd_task_onepass's points.

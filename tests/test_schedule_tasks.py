@@ -28,13 +28,21 @@ SHAPES = [  # (batch, channels, groups, rows, itemsize)
 
 @pytest.mark.parametrize(
     ("channels", "groups", "itemsize", "window"),
-    [(128, 32, 2, 64), (128, 16, 2, 64), (320, 32, 2, 320), (512, 32, 2, 64), (512, 32, 4, 32),
-     (96, 32, 2, 96), (64, 1, 2, 64), (4096, 1, 2, 4096), (100, 10, 2, 100), (2560, 32, 2, 320)],
+    [(128, 32, 2, 128), (128, 16, 2, 128), (320, 32, 2, 160), (512, 32, 2, 128), (512, 32, 4, 64),
+     (96, 32, 2, 96), (64, 1, 2, 64), (4096, 1, 2, 4096), (100, 10, 2, 100), (2560, 32, 2, 160),
+     (1280, 32, 2, 160), (640, 32, 4, 80), (256, 32, 4, 64), (1024, 32, 2, 128)],
 )  # fmt: skip
-def test_window_holds_whole_groups_and_128_byte_rows_where_it_divides_c(channels, groups, itemsize, window):
+def test_window_is_the_narrowest_whole_groups_with_rows_of_at_least_256_bytes(channels, groups, itemsize, window):
     w = schedule.task_window(channels, groups, itemsize)
     assert w == window
     assert channels % w == 0 and w % (channels // groups) == 0
+    # no narrower window of whole groups divides C into 16-byte-vector rows of 256 bytes or more
+    cpg = channels // groups
+    assert w == channels or (w * itemsize >= schedule.WINDOW_BYTES and w * itemsize % schedule.VEC_BYTES == 0)
+    assert not any(
+        channels % n == 0 and n * itemsize % schedule.VEC_BYTES == 0 and n * itemsize >= schedule.WINDOW_BYTES
+        for n in range(cpg, w, cpg)
+    )
 
 
 def tilings(aligned: bool = True) -> list[TaskTiling]:
@@ -134,17 +142,19 @@ def test_plans_grid_and_workspace() -> None:
 
 
 def test_reread_tiles_counts_the_chunks_members_cannot_keep() -> None:
-    # 32x128x256x256 fp16: 256 tiles of 2 chunks per task; 88-member teams hold 3 tiles (6 chunks)
+    # 32x128x256x256 fp16: 32 tasks (256-byte rows) of 256 tiles of 4 chunks; 256-member teams hold
+    # their one tile each
     t = schedule.task_tiling(128, 32, 65536, 2, "fwd", batch=32)
-    assert t.chunks_per_tile == 2
+    cpt = t.chunks_per_tile
+    assert (t.tasks, t.tiles_per_task, cpt) == (32, 256, 4)
     kept = schedule.make_task_plan(t, 1, 6, residency=264)
     assert kept.teams.overflow_chunks == 0 and kept.reread_tiles == 0
-    # cap 7: one team of 7, members of 36-37 tiles (72-74 chunks) holding 6 chunks: 33-34 tiles re-read
+    # cap 7: one team of 7, members of 36-37 tiles (144-148 chunks) holding 6 chunks: 35-36 tiles re-read
     capped = schedule.make_task_plan(t, 1, 6, residency=264, cap=7)
     expected = 0
     for m in range(capped.teams.team_size):
         t0, t1 = schedule.member_tiles(t.tiles_per_task, capped.teams.team_size, m)
-        expected += -(-max(0, (t1 - t0) * 2 - 6) // 2)
+        expected += -(-max(0, (t1 - t0) * cpt - 6) // cpt)
     assert capped.reread_tiles == expected * t.tasks > 0
     assert schedule.make_task_plan(t, 2, 6, residency=264).reread_tiles == 0
     assert capped.describe()["reread_tiles"] == capped.reread_tiles

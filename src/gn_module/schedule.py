@@ -361,9 +361,11 @@ def elements(shape: tuple[int, ...]) -> int:
 # ================================================================ task architecture (arch 2)
 # A task is one sample times a window of channels that holds whole groups; see csrc/gn_tasks.cuh.
 
-#: A window's row segment is read as whole 128-byte lines (H200: 4.19 TB/s at 128 B per row
-#: against 3.6 TB/s at 64 B), so windows are lcm(channels per group, 128 B / itemsize) channels.
-WINDOW_BYTES = 128
+#: The narrowest row segment a task window reads: at least 256 bytes. Measured on the H200 (RESULTS.md,
+#: session 9, scripts/window_sweep.py): 32x128x256x256 fp16 forward 505 -> 456 us and backward 797 ->
+#: 743 us with 256-byte rows (the whole C) instead of 128-byte ones; 2x320x64x64 forward 25.0 -> 20.3
+#: us with 320-byte rows (4 tasks of 66 members) instead of 640 (2 tasks of 132).
+WINDOW_BYTES = 256
 #: Rows of a shared-memory chunk per thread (csrc kChunkRowsPerThread, a compile-time bound there so
 #: the row loops unroll): 4 rows of 16-byte vectors (16 KB chunks when the window's columns divide
 #: the block), 16 on the scalar path. A tile (the reduction unit) is one or more whole chunks, as
@@ -390,10 +392,13 @@ def _lcm(a: int, b: int) -> int:
 
 
 def task_window(channels: int, groups: int, itemsize: int) -> int:
-    """Channels per task: lcm(channels per group, WINDOW_BYTES / itemsize), or all of C when that
-    does not divide C."""
-    w = _lcm(channels // groups, max(1, WINDOW_BYTES // itemsize))
-    return w if w <= channels and channels % w == 0 else channels
+    """Channels per task: the narrowest whole number of groups that divides C into rows of whole
+    16-byte vectors of at least WINDOW_BYTES, or all of C when none does."""
+    cpg = channels // groups
+    for w in range(cpg, channels, cpg):
+        if channels % w == 0 and (w * itemsize) % VEC_BYTES == 0 and w * itemsize >= WINDOW_BYTES:
+            return w
+    return channels
 
 
 @dataclass(frozen=True)

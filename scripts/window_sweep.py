@@ -1,0 +1,155 @@
+"""Time the task kernels at every channel window a shape allows, to calibrate `schedule.task_window` (GPU).
+
+A task is one sample times one window of channels holding whole groups. Today's window is
+lcm(channels per group, 128 B / itemsize) channels (whole 128-byte lines per row), so a small
+tensor with wide channels has few tasks and big teams: 2x320x64x64 runs 2 tasks of 132 members,
+and its forward spends 9 us of 19 waiting for the team's combine (RESULTS.md, session 9). A narrower
+window gives more tasks, smaller teams and shorter combines, at the price of rows narrower than a
+128-byte line. This script swaps `schedule.task_window` for each candidate window (a multiple of the
+channels per group that divides C and gives 16-byte rows), times the forward (no grad) and the
+backward (the default two launches, and the one-launch backward) with CUDA events and L2 flushed,
+and checks each window's output against the default window's (the bits differ: the window is part of
+the summation order) and the forward's one- and two-launch results against each other (bitwise).
+
+    python scripts/window_sweep.py [--dtype fp16] [--json PATH] [--shapes small|all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+import gn_module
+from gn_module import ops, schedule
+from gn_module.bench.timing import EventTimer, time_cuda
+
+DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+SMALL = [
+    ((2, 1280, 16, 16), 32, "silu"),
+    ((2, 640, 32, 32), 32, "silu"),
+    ((2, 320, 64, 64), 32, "silu"),
+    ((1, 512, 128, 128), 32, "silu"),
+]
+LARGER = [((1, 512, 256, 256), 32, "silu"), ((32, 128, 256, 256), 32, None)]
+DEFAULT_WINDOW = schedule.task_window
+
+
+def windows(channels: int, groups: int, itemsize: int) -> list[int]:
+    """Every window the task kernels' vector path takes: whole groups, dividing C, 16-byte rows, at
+    most THREADS vectors wide."""
+    cpg = channels // groups
+    vec = schedule.VEC_BYTES // itemsize
+    return [
+        w
+        for w in range(cpg, channels + 1, cpg)
+        if channels % w == 0 and (w * itemsize) % schedule.VEC_BYTES == 0 and w // vec <= schedule.THREADS
+    ]
+
+
+def use_window(w: int | None) -> None:
+    schedule.task_window = DEFAULT_WINDOW if w is None else (lambda channels, groups, itemsize: w)
+    ops._launches.clear()
+
+
+def make(shape, dtype, groups):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.empty(shape, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+    x.normal_(3.0, 2.0, generator=g)
+    dy = torch.empty_like(x).normal_(0.0, 1.0, generator=g)
+    c = shape[1]
+    w = torch.empty(c, device="cuda").normal_(1.0, 0.2, generator=g).to(dtype)
+    b = torch.empty(c, device="cuda").normal_(0.0, 0.2, generator=g).to(dtype)
+    return x, dy, w, b
+
+
+def plan_text(p) -> str:
+    t = p.teams
+    head = f"tasks={p.tiling.tasks} tiles/task={p.tiling.tiles_per_task} slots={p.slots}"
+    if t is None:
+        return f"{head} grid={p.grid} sched={p.schedule}"
+    return (
+        f"{head} m={t.team_size} teams={t.teams} rounds={t.rounds} chunks={t.chunks_per_member}"
+        f" grid={p.grid} sched={p.schedule}"
+    )
+
+
+def run(shape, groups, act, dname, timer) -> list[dict]:
+    dtype = DT[dname]
+    x, dy, w, b = make(shape, dtype, groups)
+    act_id = 0 if act is None else 1
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    rows = []
+    ref: dict[str, torch.Tensor] = {}
+    for window in [None, *windows(shape[1], groups, itemsize)]:
+        use_window(window)
+        label = "default" if window is None else str(window)
+        for direction, arch in (("fwd", "tasks+bwd"), ("bwd", "tasks+bwd"), ("bwd1", "tasks+bwd1")):
+            os.environ[ops.ENV_ARCH] = arch
+            d = "fwd" if direction == "fwd" else "bwd"
+            p = ops.plan(x.shape, groups, dtype, d, "auto")
+            with torch.no_grad():
+                first = 1 if d == "fwd" and p.schedule == 1 else 2
+                y1, mean, rstd = ops.forward(x, w, b, groups, 1e-5, act_id, first)
+                y2, _, _ = ops.forward(x, w, b, groups, 1e-5, act_id, 2)
+            if d == "fwd":
+                out = y2
+                same = torch.equal(y1, y2)
+
+                def fn():
+                    with torch.no_grad():
+                        return gn_module.group_norm(x, groups, w, b, 1e-5, act)
+            else:
+                out = ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 0)[0]
+                same = torch.equal(out, ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 2)[0])
+
+                def fn(mean=mean, rstd=rstd):
+                    return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 0)
+
+            if window is None:
+                ref[direction] = out
+            diff = (out.float() - ref[direction].float()).abs().max().item()
+            t = time_cuda(fn, reps=40, warmup=5, min_reps=10, max_seconds=0.15, timer=timer)
+            row = {
+                "shape": "x".join(map(str, shape)),
+                "dtype": dname,
+                "dir": direction,
+                "window": label,
+                "row_bytes": p.tiling.row_bytes,
+                "us": round(t.median_us, 2),
+                "max_diff_vs_default": diff,
+                "passes_bitwise": same,
+                "plan": plan_text(p),
+            }
+            rows.append(row)
+            print(
+                f"{row['shape']:18} {direction:4} w={label:7} {p.tiling.row_bytes:5d} B {row['us']:8.2f} us"
+                f"  diff {diff:.2e} {'same' if same else 'DIFFERENT'}  {row['plan']}",
+                flush=True,
+            )
+    use_window(None)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="fp16", choices=sorted(DT))
+    ap.add_argument("--shapes", default="all", choices=("small", "all"))
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
+    rows = []
+    for shape, groups, act in SMALL + (LARGER if args.shapes == "all" else []):
+        rows += run(shape, groups, act, args.dtype, timer)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
