@@ -367,8 +367,9 @@ def specs_from_marker(
         act = rotation[0] if acts[0] == ROTATING else acts[0]  # the default's: silu
         for direction in directions if tiles else ():
             specs.append(CaseSpec(direction, Ratio(1), dtype, act, c, g, "natural", cap, geometry=BIG))
+        tc, tg = BIG_TASK_SHAPE
         for direction, arch in task_kinds:
-            specs.append(CaseSpec(direction, Ratio(1), dtype, act, *BIG_TASK_SHAPE, "natural", cap, geometry=BIG,
+            specs.append(CaseSpec(direction, Ratio(1), dtype, act, tc, tg, "natural", cap, geometry=BIG,
                                   arch=arch))  # fmt: skip
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):

@@ -32,7 +32,7 @@ SHAPES = [  # (batch, channels, groups, rows, itemsize)
      (96, 32, 2, 96), (64, 1, 2, 64), (4096, 1, 2, 4096), (100, 10, 2, 100), (2560, 32, 2, 160),
      (1280, 32, 2, 160), (640, 32, 4, 80), (256, 32, 4, 64), (1024, 32, 2, 128)],
 )  # fmt: skip
-def test_window_is_the_narrowest_whole_groups_with_rows_of_at_least_256_bytes(channels, groups, itemsize, window):
+def test_window_is_the_narrowest_whole_groups_in_256_byte_rows_or_wider(channels, groups, itemsize, window):
     w = schedule.task_window(channels, groups, itemsize)
     assert w == window
     assert channels % w == 0 and w % (channels // groups) == 0
