@@ -387,10 +387,6 @@ TWO_PASS_NO_OVERFLOW = 1 << 30
 SYNC_WORDS_PER_TASK = 3
 
 
-def _lcm(a: int, b: int) -> int:
-    return a * b // math.gcd(a, b)
-
-
 def task_window(channels: int, groups: int, itemsize: int) -> int:
     """Channels per task: the narrowest whole number of groups that divides C into rows of whole
     16-byte vectors of at least WINDOW_BYTES, or all of C when none does."""
