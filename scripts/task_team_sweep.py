@@ -102,7 +102,10 @@ def sweep(shape, groups, act, dname, timer) -> list[dict]:
     return rows
 
 
-def main() -> int:
+def main(per_shape=None) -> int:
+    """Runs `per_shape(shape, groups, act, dtype name, timer) -> rows` (default: the team sweep) over the
+    shapes the command line picks; also window_sweep.py's main."""
+    per_shape = per_shape or sweep
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="fp16", choices=sorted(DT))
     ap.add_argument("--shapes", default="all", choices=("small", "all"))
@@ -111,7 +114,7 @@ def main() -> int:
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
     rows = []
     for shape, groups, act in SMALL + (LARGER if args.shapes == "all" else []):
-        rows += sweep(shape, groups, act, args.dtype, timer)
+        rows += per_shape(shape, groups, act, args.dtype, timer)
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as fh:

@@ -16,25 +16,17 @@ the summation order) and the forward's one- and two-launch results against each 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
+import task_team_sweep  # (scripts/: the shapes, inputs and command line)
 import torch
+from task_team_sweep import DT, make
 
 import gn_module
 from gn_module import ops, schedule
-from gn_module.bench.timing import EventTimer, time_cuda
+from gn_module.bench.timing import time_cuda
 
-DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-SMALL = [
-    ((2, 1280, 16, 16), 32, "silu"),
-    ((2, 640, 32, 32), 32, "silu"),
-    ((2, 320, 64, 64), 32, "silu"),
-    ((1, 512, 128, 128), 32, "silu"),
-]
-LARGER = [((1, 512, 256, 256), 32, "silu"), ((32, 128, 256, 256), 32, None)]
 DEFAULT_WINDOW = schedule.task_window
 
 
@@ -53,17 +45,6 @@ def windows(channels: int, groups: int, itemsize: int) -> list[int]:
 def use_window(w: int | None) -> None:
     schedule.task_window = DEFAULT_WINDOW if w is None else (lambda channels, groups, itemsize: w)
     ops._launches.clear()
-
-
-def make(shape, dtype, groups):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.empty(shape, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
-    x.normal_(3.0, 2.0, generator=g)
-    dy = torch.empty_like(x).normal_(0.0, 1.0, generator=g)
-    c = shape[1]
-    w = torch.empty(c, device="cuda").normal_(1.0, 0.2, generator=g).to(dtype)
-    b = torch.empty(c, device="cuda").normal_(0.0, 0.2, generator=g).to(dtype)
-    return x, dy, w, b
 
 
 def plan_text(p) -> str:
@@ -135,20 +116,7 @@ def run(shape, groups, act, dname, timer) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="fp16", choices=sorted(DT))
-    ap.add_argument("--shapes", default="all", choices=("small", "all"))
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
-    rows = []
-    for shape, groups, act in SMALL + (LARGER if args.shapes == "all" else []):
-        rows += run(shape, groups, act, args.dtype, timer)
-        torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
-    return 0
+    return task_team_sweep.main(run)
 
 
 if __name__ == "__main__":
