@@ -49,12 +49,14 @@ def make(shape, dtype, groups):
 
 
 def plan_text(p) -> str:
+    """The plan in one line: tasks and tiles, the teams, the grid and the schedule."""
     t = p.teams
+    head = f"tasks={p.tiling.tasks} tiles/task={p.tiling.tiles_per_task} slots={p.slots}"
     if t is None:
-        return f"grid {p.grid}"
+        return f"{head} grid={p.grid} sched={p.schedule}"
     return (
-        f"m={t.team_size} teams={t.teams} rounds={t.rounds} chunks={t.chunks_per_member} "
-        f"over={t.overflow_chunks} grid={p.grid} sched={p.schedule}"
+        f"{head} m={t.team_size} teams={t.teams} rounds={t.rounds} chunks={t.chunks_per_member}"
+        f" over={t.overflow_chunks} grid={p.grid} sched={p.schedule}"
     )
 
 

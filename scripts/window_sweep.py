@@ -21,7 +21,7 @@ import sys
 
 import task_team_sweep  # (scripts/: the shapes, inputs and command line)
 import torch
-from task_team_sweep import DT, make
+from task_team_sweep import DT, make, plan_text
 
 import gn_module
 from gn_module import ops, schedule
@@ -45,17 +45,6 @@ def windows(channels: int, groups: int, itemsize: int) -> list[int]:
 def use_window(w: int | None) -> None:
     schedule.task_window = DEFAULT_WINDOW if w is None else (lambda channels, groups, itemsize: w)
     ops._launches.clear()
-
-
-def plan_text(p) -> str:
-    t = p.teams
-    head = f"tasks={p.tiling.tasks} tiles/task={p.tiling.tiles_per_task} slots={p.slots}"
-    if t is None:
-        return f"{head} grid={p.grid} sched={p.schedule}"
-    return (
-        f"{head} m={t.team_size} teams={t.teams} rounds={t.rounds} chunks={t.chunks_per_member}"
-        f" grid={p.grid} sched={p.schedule}"
-    )
 
 
 def run(shape, groups, act, dname, timer) -> list[dict]:
