@@ -60,6 +60,13 @@ def plan_text(p) -> str:
     )
 
 
+def timed_row(fn, shape, dname: str, direction: str, plan, timer, **fields) -> dict:
+    """One result row: `fn` timed (median us, CUDA events, L2 flushed) with the plan and `fields`."""
+    t = time_cuda(fn, reps=40, warmup=5, min_reps=10, max_seconds=0.15, timer=timer)
+    return {"shape": "x".join(map(str, shape)), "dtype": dname, "dir": direction, **fields,
+            "us": round(t.median_us, 2), "plan": plan_text(plan)}  # fmt: skip
+
+
 def sweep(shape, groups, act, dname, timer) -> list[dict]:
     dtype = DT[dname]
     x, dy, w, b = make(shape, dtype, groups)
@@ -90,15 +97,7 @@ def sweep(shape, groups, act, dname, timer) -> list[dict]:
                     def fn(mean=mean, rstd=rstd):
                         return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 2)
 
-                t = time_cuda(fn, reps=40, warmup=5, min_reps=10, max_seconds=0.15, timer=timer)
-            row = {
-                "shape": "x".join(map(str, shape)),
-                "dtype": dname,
-                "dir": direction,
-                "cap": cap,
-                "us": round(t.median_us, 2),
-                "plan": plan_text(p),
-            }
+                row = timed_row(fn, shape, dname, direction, p, timer, cap=cap)
             rows.append(row)
             print(f"{row['shape']:18} {direction} cap={cap!s:5} {row['us']:8.2f} us  {row['plan']}")
     return rows

@@ -21,11 +21,10 @@ import sys
 
 import task_team_sweep  # (scripts/: the shapes, inputs and command line)
 import torch
-from task_team_sweep import DT, make, plan_text
+from task_team_sweep import DT, make, timed_row
 
 import gn_module
 from gn_module import ops, schedule
-from gn_module.bench.timing import time_cuda
 
 DEFAULT_WINDOW = schedule.task_window
 
@@ -82,18 +81,8 @@ def run(shape, groups, act, dname, timer) -> list[dict]:
             if window is None:
                 ref[direction] = out
             diff = (out.float() - ref[direction].float()).abs().max().item()
-            t = time_cuda(fn, reps=40, warmup=5, min_reps=10, max_seconds=0.15, timer=timer)
-            row = {
-                "shape": "x".join(map(str, shape)),
-                "dtype": dname,
-                "dir": direction,
-                "window": label,
-                "row_bytes": p.tiling.row_bytes,
-                "us": round(t.median_us, 2),
-                "max_diff_vs_default": diff,
-                "passes_bitwise": same,
-                "plan": plan_text(p),
-            }
+            row = timed_row(fn, shape, dname, direction, p, timer, window=label, row_bytes=p.tiling.row_bytes)
+            row.update(max_diff_vs_default=diff, passes_bitwise=same)
             rows.append(row)
             print(
                 f"{row['shape']:18} {direction:4} w={label:7} {p.tiling.row_bytes:5d} B {row['us']:8.2f} us"
