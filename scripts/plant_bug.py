@@ -135,6 +135,15 @@ PLANTINGS = {
         # tests/gpu/test_task_backward_onepass.py: the capped runs and shapes whose members wrap their ring
         "onepass and (caps or 300x257 or 96x96)", False,
     ),
+    "task-bwd-strips-count": Planting(
+        "gn_tasks.cuh",
+        "  const unsigned with_strips = static_cast<unsigned>(strips < gridDim.x ? strips : gridDim.x);",
+        "  const unsigned with_strips = static_cast<unsigned>(strips);  // PLANTED: strips, not blocks",
+        "task backward apply launch: the last block with dweight/dbias strips is awaited as if every strip "
+        "had its own block, so where a block sums several strips (grids smaller than the strips: capped "
+        "runs) nobody writes the totals and dweight/dbias keep the workspace's poison",
+        "bwd-tasks", False,
+    ),
     "act-gelu-grad": Planting(
         "gn_kernels.cuh", "    return dy * fmaf(z, pdf, cdf);",
         "    return dy * cdf;  // PLANTED: the GELU derivative loses its z * pdf term",

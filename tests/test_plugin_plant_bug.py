@@ -30,6 +30,7 @@ TASK_PLANTING_SOURCES = {
     "task-overflow-drop": "gn_forward.cu",
     "task-bwd-overflow-drop": "gn_backward.cu",
     "task-bwd1-reread-skip": "gn_backward.cu",
+    "task-bwd-strips-count": "gn_backward.cu",
 }
 
 
