@@ -1,7 +1,7 @@
 """Overflow cases of the task backward (``GN_ARCH=tasks+bwd``, and its one-launch kernel under
 ``GN_ARCH=tasks+bwd1``: `BACKWARD_ONEPASS`), from the schedule model.
 
-The task backward (csrc/gn_backward.cu ``bwd_task_stats``, ``bwd_task_apply``) has one schedule: two
+The task backward (csrc/gn_backward_tasks.cu ``bwd_task_stats``, ``bwd_task_apply``) has one schedule: two
 launches over the persistent teams of `schedule.make_task_plan`. Each member of a team takes the tiles
 [t0, t1) of every task of its team (`schedule.member_tiles`), reduces them chunk by chunk through its
 ring of ``slots`` chunk pairs (x and dy) into one per-channel and one per-group partial per tile; the

@@ -155,7 +155,7 @@ PLANTINGS = {
     # phase of bwd_task_apply got 7 % slower on the large shapes because the kernel also sums dweight and
     # dbias (`bash scripts/ab_trees.sh OUT head=TREE nosums=TREE%timing-bwd-no-param-sums`).
     "timing-bwd-no-param-sums": Planting(
-        "gn_backward.cu",
+        "gn_backward_tasks.cu",
         "{ bwd_param_sums(a, sm.scratch); }",
         "{ /* PLANTED (timing only): dweight and dbias are never summed */ }",
         "task backward apply launch without its dweight/dbias sums (for timing: dweight and dbias stay "

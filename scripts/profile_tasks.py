@@ -84,8 +84,8 @@ def trace_all() -> int:
     return 0
 
 
-#: Task backward trace points (csrc/gn_backward.cu): the stats launch's 0 and 2-5, the apply launch's 8,
-#: 10 and 15 (a block's dweight/dbias strips run behind its first copies: inside 8-10).
+#: Task backward trace points (csrc/gn_backward_tasks.cu): the stats launch's 0 and 2-5, the apply launch's
+#: 8, 10 and 15 (a block's dweight/dbias strips run behind its first copies: inside 8-10).
 BWD_PHASES = (
     ("stats launch: parameters in, x and dy reduced", 0, 2),
     ("stats launch: arrive", 2, 3),

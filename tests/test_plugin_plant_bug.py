@@ -28,15 +28,15 @@ plant_bug = _module()
 #: The source whose kernels instantiate each task planting's site (csrc/gn_tasks.cuh's device functions).
 TASK_PLANTING_SOURCES = {
     "task-overflow-drop": "gn_forward.cu",
-    "task-bwd-overflow-drop": "gn_backward.cu",
-    "task-bwd1-reread-skip": "gn_backward.cu",
-    "task-bwd-strips-count": "gn_backward.cu",
+    "task-bwd-overflow-drop": "gn_backward_tasks.cu",
+    "task-bwd1-reread-skip": "gn_backward_onepass.cu",
+    "task-bwd-strips-count": "gn_backward_tasks.cu",
 }
 
 
 #: The timing experiments (scripts/ab_trees.sh TREE%PLANTING), by the source that instantiates them.
 TIMING_PLANTING_SOURCES = {
-    "timing-bwd-no-param-sums": "gn_backward.cu",
+    "timing-bwd-no-param-sums": "gn_backward_tasks.cu",
     "timing-fwd-less-math": "gn_forward.cu",
     "timing-fwd-no-fold": "gn_forward.cu",
 }

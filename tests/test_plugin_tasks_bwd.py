@@ -144,7 +144,7 @@ def test_resolution_is_quick_enough_for_a_sweep() -> None:
 # ------------------------------------------------------------------ every tile in both launches
 def kernel_counts(p: TaskPlan) -> tuple[list[int], int, int, int]:
     """(times each (task, tile) partial is written, tiles reduced, tiles applied, chunks read again),
-    as bwd_task_stats and bwd_task_apply in csrc/gn_backward.cu walk them: block -> team = block / m,
+    as bwd_task_stats and bwd_task_apply in csrc/gn_backward_tasks.cu walk them: block -> team = block / m,
     member = block % m, the tiles [t0, t1) of `member_tiles`, the tasks team, team + teams, ... (the
     apply launch from its last down); the apply reads every chunk again."""
     t, teams = p.tiling, p.teams

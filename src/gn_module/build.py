@@ -1,7 +1,8 @@
 """Just-in-time build of the CUDA library with nvcc and ninja, cached across runs.
 
 The kernels need no torch or pybind headers (Python talks to them through a C ABI and ctypes),
-so a build is only nvcc: the three translation units compile in parallel under ninja.
+so a build is only nvcc: the translation units (SOURCES) compile in parallel under ninja; the task
+backward's kernels are split over two of them because one unit held the build at its length.
 
 Cache and safety:
 - One cache entry per (variant, sources, flags, nvcc version) under ``$GN_CACHE_DIR``
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from gn_module import _abi
 
-SOURCES = ("gn_forward.cu", "gn_backward.cu", "gn_api.cu")
+SOURCES = ("gn_forward.cu", "gn_backward.cu", "gn_backward_tasks.cu", "gn_backward_onepass.cu", "gn_api.cu")
 HEADERS = ("gn_api.h", "gn_launch.h", "gn_kernels.cuh", "gn_tasks.cuh", "gn_dispatch.cuh")
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo")
 

@@ -1,0 +1,110 @@
+// Backward GroupNorm, task architecture (GN_ARCH=tasks+bwd): the stats and apply launches and the
+// launcher of both task schedules (the one-launch kernel is in gn_backward_onepass.cu).
+#include "gn_dispatch.cuh"
+#include "gn_launch.h"
+#include "gn_tasks.cuh"
+
+namespace gn {
+
+// ---------------------------------------------------------------- task architecture (two-pass)
+// Stats over persistent teams (as the forward's): each member reduces its tiles of its team's tasks;
+// the last member of a task sums its group partials (bwd_combine_task). Then dx over the same teams,
+// tasks and chunks in reverse, with dweight and dbias from the channel partials summed behind each
+// block's first copies (bwd_param_sums).
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
+  const TaskSmem<T> sm(a, 2);
+  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  int64_t tiles_done = 0;
+  trace_point(a, 0);
+  if (team < a.teams) {
+    const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
+    // trace points of the block's first task: 2 stats done (the parameters and statistics load
+    // behind the first copies), 3 arrived, 4 combined (the task's last member only); 5 the block's
+    // end (scripts/profile_tasks.py --trace-bwd)
+    for (int64_t task = team; task < task_count(a); task += a.teams) {
+      const bool first = task == team;
+      member_bwd_stats<T, V>(a, task, t0, t1, sm);
+      if (first) trace_point(a, 2);
+      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
+      if (first) trace_point(a, 3);
+      if (last) {
+        bwd_combine_task(a, task);
+        if (first) trace_point(a, 4);
+      }
+      tiles_done += t1 - t0;
+      __syncthreads();  // sm.param, sm.grp and sm.chan are rewritten for the next task
+    }
+  }
+  trace_point(a, 5);
+  record(a, 1, static_cast<int>(tiles_done));
+  if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
+  const TaskSmem<T> sm(a, 2);
+  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const int64_t tasks = task_count(a);
+  int64_t tiles_done = 0, reread = 0;
+  // trace points of the block's first task (its team's last): 8 start, 10 dx written (its dweight/dbias
+  // strips included: they run behind the first copies); 15 the block's end (the stats launch's are 0-5)
+  trace_point(a, 8);
+  auto param_sums = [&] { bwd_param_sums(a, sm.scratch); };  // dweight and dbias: this block's strips
+  if (team < a.teams && team < tasks) {
+    const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
+    const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task
+    for (int64_t task = last; task >= team; task -= a.teams) {
+      const bool first = task == last;
+      reread += with_act(a.act, [&](auto act) {  // (each ends with a barrier)
+        return member_bwd_apply<T, V, decltype(act)::value>(a, task, t0, t1, sm, 0, [&] {
+          if (first) param_sums();  // (uniform in the block)
+        });
+      });
+      if (first) trace_point(a, 10);
+      tiles_done += t1 - t0;
+    }
+  } else {
+    param_sums();  // a block without a task may still have strips
+  }
+  trace_point(a, 15);
+  record(a, 2, static_cast<int>(tiles_done));
+  record(a, 3, static_cast<int>(reread));
+}
+
+template <typename Cfg>
+int launch_two(const GnArgs& a, cudaStream_t stream) {
+  using T = typename Cfg::type;
+  constexpr int V = Cfg::vec;
+  if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) return cudaErrorInvalidValue;
+  cudaError_t err;
+  if ((err = allow_smem(reinterpret_cast<const void*>(bwd_task_stats<T, V>), a.smem)) != cudaSuccess) return err;
+  if ((err = allow_smem(reinterpret_cast<const void*>(bwd_task_apply<T, V>), a.smem)) != cudaSuccess) return err;
+  const unsigned blocks = static_cast<unsigned>(a.grid);
+  bwd_task_stats<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  bwd_task_apply<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+int launch_task_backward(const GnArgs& a, cudaStream_t stream) {
+  if (a.schedule == 1) return launch_task_backward_onepass(a, stream);
+  return visit_config(a.dtype, a.vec, [&](auto cfg) { return launch_two<decltype(cfg)>(a, stream); });
+}
+
+// Blocks per SM of the task backward: the fewer of its stats and one-pass kernels' (the teams are
+// the same for both schedules).
+int task_backward_occupancy(int dtype, int vec, int smem, int* blocks) {
+  int onepass = 0;
+  const int err = task_backward_onepass_occupancy(dtype, vec, smem, &onepass);
+  if (err != cudaSuccess) return err;
+  return visit_config(dtype, vec, [&](auto cfg) {
+    using C = decltype(cfg);
+    int stats = 0;
+    const cudaError_t e = occupancy_of(reinterpret_cast<const void*>(bwd_task_stats<typename C::type, C::vec>), smem, &stats);
+    *blocks = min(stats, onepass);
+    return static_cast<int>(e);
+  });
+}
+
+}  // namespace gn
