@@ -82,14 +82,10 @@ int launch_task_backward_onepass(const GnArgs& a, cudaStream_t stream) {
   return visit_config(a.dtype, a.vec, [&](auto cfg) {
     using T = typename decltype(cfg)::type;
     constexpr int V = decltype(cfg)::vec;
-    if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) return static_cast<int>(cudaErrorInvalidValue);
-    const void* kernel = reinterpret_cast<const void*>(bwd_task_onepass<T, V>);
-    cudaError_t err = allow_smem(kernel, a.smem);
-    if (err != cudaSuccess) return static_cast<int>(err);
-    GnArgs copy = a;
-    void* params[] = {&copy};
-    err = cudaLaunchCooperativeKernel(kernel, dim3(a.grid), dim3(kThreads), params, a.smem, stream);
-    return static_cast<int>(err != cudaSuccess ? err : cudaGetLastError());
+    if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) {
+      return static_cast<int>(cudaErrorInvalidValue);
+    }
+    return launch_cooperative(a, stream, bwd_task_onepass<T, V>);
   });
 }
 

@@ -77,14 +77,7 @@ int launch_two(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
   constexpr int V = Cfg::vec;
   if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) return cudaErrorInvalidValue;
-  cudaError_t err;
-  if ((err = allow_smem(reinterpret_cast<const void*>(bwd_task_stats<T, V>), a.smem)) != cudaSuccess) return err;
-  if ((err = allow_smem(reinterpret_cast<const void*>(bwd_task_apply<T, V>), a.smem)) != cudaSuccess) return err;
-  const unsigned blocks = static_cast<unsigned>(a.grid);
-  bwd_task_stats<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  bwd_task_apply<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
-  return cudaGetLastError();
+  return launch_pair(a, stream, bwd_task_stats<T, V>, bwd_task_apply<T, V>);
 }
 
 int launch_task_backward(const GnArgs& a, cudaStream_t stream) {

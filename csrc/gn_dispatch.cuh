@@ -84,6 +84,29 @@ inline unsigned blocks_for(int64_t items, int per_block) {
 
 using Kernel = void (*)(GnArgs);
 
+// The task kernels' launches over a.grid blocks: one cooperative launch (every block resident: the
+// one-pass kernels wait for each other), or two plain ones on the same stream (stats, then apply).
+inline int launch_cooperative(const GnArgs& a, cudaStream_t stream, Kernel kernel) {
+  const void* k = reinterpret_cast<const void*>(kernel);
+  cudaError_t err = allow_smem(k, a.smem);
+  if (err != cudaSuccess) return err;
+  GnArgs copy = a;
+  void* params[] = {&copy};
+  err = cudaLaunchCooperativeKernel(k, dim3(a.grid), dim3(kThreads), params, a.smem, stream);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+inline int launch_pair(const GnArgs& a, cudaStream_t stream, Kernel stats, Kernel apply) {
+  cudaError_t err;
+  if ((err = allow_smem(reinterpret_cast<const void*>(stats), a.smem)) != cudaSuccess) return err;
+  if ((err = allow_smem(reinterpret_cast<const void*>(apply), a.smem)) != cudaSuccess) return err;
+  const unsigned blocks = static_cast<unsigned>(a.grid);
+  stats<<<blocks, kThreads, a.smem, stream>>>(a);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  apply<<<blocks, kThreads, a.smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
 // Runs one direction's schedule: the one cooperative kernel, or the phase kernels in order
 // (tiles, reduction levels, combine, apply) on the same stream.
 inline int launch_schedule(const GnArgs& a, cudaStream_t stream, Kernel onepass, Kernel tiles, Kernel combine,

@@ -174,22 +174,8 @@ int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
   constexpr int V = Cfg::vec;
   // the row loops are unrolled for at most kChunkRowsPerThread rows per thread (schedule.py agrees)
   if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) return cudaErrorInvalidValue;
-  cudaError_t err;
-  if (a.schedule == 1) {
-    const void* kernel = reinterpret_cast<const void*>(fwd_task_onepass<T, V>);
-    if ((err = allow_smem(kernel, a.smem)) != cudaSuccess) return err;
-    GnArgs copy = a;
-    void* params[] = {&copy};
-    err = cudaLaunchCooperativeKernel(kernel, dim3(a.grid), dim3(kThreads), params, a.smem, stream);
-    return err != cudaSuccess ? err : cudaGetLastError();
-  }
-  const unsigned blocks = static_cast<unsigned>(a.grid);
-  if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_stats<T, V>), a.smem)) != cudaSuccess) return err;
-  if ((err = allow_smem(reinterpret_cast<const void*>(fwd_task_apply<T, V>), a.smem)) != cudaSuccess) return err;
-  fwd_task_stats<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  fwd_task_apply<T, V><<<blocks, kThreads, a.smem, stream>>>(a);
-  return cudaGetLastError();
+  if (a.schedule == 1) return launch_cooperative(a, stream, fwd_task_onepass<T, V>);
+  return launch_pair(a, stream, fwd_task_stats<T, V>, fwd_task_apply<T, V>);
 }
 
 int task_forward_occupancy(int dtype, int vec, int smem, int* blocks) {
