@@ -82,9 +82,7 @@ int launch_task_backward_onepass(const GnArgs& a, cudaStream_t stream) {
   return visit_config(a.dtype, a.vec, [&](auto cfg) {
     using T = typename decltype(cfg)::type;
     constexpr int V = decltype(cfg)::vec;
-    if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) {
-      return static_cast<int>(cudaErrorInvalidValue);
-    }
+    if (!task_rows_fit<T, V>(a)) return static_cast<int>(cudaErrorInvalidValue);
     return launch_cooperative(a, stream, bwd_task_onepass<T, V>);
   });
 }

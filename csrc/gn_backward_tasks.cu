@@ -76,7 +76,7 @@ template <typename Cfg>
 int launch_two(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
   constexpr int V = Cfg::vec;
-  if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) return cudaErrorInvalidValue;
+  if (!task_rows_fit<T, V>(a)) return cudaErrorInvalidValue;
   return launch_pair(a, stream, bwd_task_stats<T, V>, bwd_task_apply<T, V>);
 }
 

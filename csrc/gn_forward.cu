@@ -172,8 +172,7 @@ template <typename Cfg>
 int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
   constexpr int V = Cfg::vec;
-  // the row loops are unrolled for at most kChunkRowsPerThread rows per thread (schedule.py agrees)
-  if (a.rows_threads < 1 || a.chunk_rows > kChunkRowsPerThread<T, V> * a.rows_threads) return cudaErrorInvalidValue;
+  if (!task_rows_fit<T, V>(a)) return cudaErrorInvalidValue;
   if (a.schedule == 1) return launch_cooperative(a, stream, fwd_task_onepass<T, V>);
   return launch_pair(a, stream, fwd_task_stats<T, V>, fwd_task_apply<T, V>);
 }

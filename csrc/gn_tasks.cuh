@@ -144,6 +144,12 @@ __device__ __forceinline__ int member_tile(const GnArgs& a, int member) {
 template <typename T, int V>
 constexpr int kChunkRowsPerThread = sizeof(T) * V == 16 ? 4 : 16;
 
+// Host side, before a task launch: a.chunk_rows is within the row loops' compile-time bound (the launcher
+// checks what schedule.task_tiling promised).
+template <typename T, int V>
+inline bool task_rows_fit(const GnArgs& a) {
+  return a.rows_threads >= 1 && a.chunk_rows <= kChunkRowsPerThread<T, V> * a.rows_threads;
+}
 __device__ __forceinline__ int chunks_per_tile(const GnArgs& a) { return a.chunks_per_tile; }
 
 // One thread's view of the chunks of a member's tiles [t0, t1) of a task. Tiles are whole chunks
