@@ -43,8 +43,16 @@ int gn_onepass_occupancy(int device, int direction, int dtype, int vec, int smem
 int gn_task_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm) {
   const gn::DeviceGuard guard(device);
   if (guard.status() != cudaSuccess) return guard.status();
-  return direction == 0 ? gn::task_forward_occupancy(dtype, vec, smem, blocks_per_sm)
+  return direction == 0 ? gn::task_forward_occupancy(dtype, dtype, vec, smem, blocks_per_sm)
                         : gn::task_backward_occupancy(dtype, vec, smem, blocks_per_sm);
+}
+
+int gn_task_occupancy_wide(int device, int direction, int dtype, int wide_dtype, int vec, int smem,
+                           int* blocks_per_sm) {
+  const gn::DeviceGuard guard(device);
+  if (guard.status() != cudaSuccess) return guard.status();
+  return direction == 0 ? gn::task_forward_occupancy(dtype, wide_dtype, vec, smem, blocks_per_sm)
+                        : gn::task_backward_wide_occupancy(dtype, wide_dtype, vec, smem, blocks_per_sm);
 }
 
 int gn_kernel_attributes(int device, int kind, int dtype, int vec, int* regs, int* static_smem,

@@ -58,6 +58,9 @@ typedef struct GnArgs {
   int32_t chunks_per_tile;
   int64_t off_group_partials;  // task backward: float offset of the per-(tile, group) partials
   int32_t grad_dtype;          // dtype code dweight and dbias are stored in (the task backward: w_dtype)
+  // dtype code of the forward's y / the backward's dy: `dtype`, or 0 (float32) for a float16/bfloat16
+  // x under autocast (the wide launches: task kernels, 16-byte vectors, two-launch backward)
+  int32_t wide_dtype;
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.
@@ -67,6 +70,9 @@ int gn_backward(const GnArgs* args, void* stream);
 int gn_onepass_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm);
 // The same for the task architecture (arch 2): the forward one-pass kernel, the backward stats kernel.
 int gn_task_occupancy(int device, int direction, int dtype, int vec, int smem, int* blocks_per_sm);
+// The same for a wide launch (y / dy of dtype `wide_dtype`: GnArgs.wide_dtype).
+int gn_task_occupancy_wide(int device, int direction, int dtype, int wide_dtype, int vec, int smem,
+                           int* blocks_per_sm);
 // Registers, static shared memory and local memory of one kernel (kind: see gn_kernels.cuh).
 int gn_kernel_attributes(int device, int kind, int dtype, int vec, int* regs, int* static_smem,
                          int* local_bytes);

@@ -11,9 +11,9 @@ namespace gn {
 // the last member of a task sums its group partials (bwd_combine_task). Then dx over the same teams,
 // tasks and chunks in reverse, with dweight and dbias from the channel partials summed behind each
 // block's first copies (bwd_param_sums).
-template <typename T, int V>
+template <typename T, int V, typename TW = T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
-  const TaskSmem<T> sm(a, 2);
+  const TaskSmem<T, TW> sm(a, 2);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   int64_t tiles_done = 0;
   trace_point(a, 0);
@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
     // end (scripts/profile_tasks.py --trace-bwd)
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       const bool first = task == team;
-      member_bwd_stats<T, V>(a, task, t0, t1, sm);
+      member_bwd_stats<T, V, TW>(a, task, t0, t1, sm);
       if (first) trace_point(a, 2);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       if (first) trace_point(a, 3);
@@ -41,9 +41,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
 
-template <typename T, int V>
+template <typename T, int V, typename TW = T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
-  const TaskSmem<T> sm(a, 2);
+  const TaskSmem<T, TW> sm(a, 2);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   const int64_t tasks = task_count(a);
   int64_t tiles_done = 0, reread = 0;
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
     for (int64_t task = last; task >= team; task -= a.teams) {
       const bool first = task == last;
       reread += with_act(a.act, [&](auto act) {  // (each ends with a barrier)
-        return member_bwd_apply<T, V, decltype(act)::value>(a, task, t0, t1, sm, 0, [&] {
+        return member_bwd_apply<T, V, decltype(act)::value, TW>(a, task, t0, t1, sm, 0, [&] {
           if (first) param_sums();  // (uniform in the block)
         });
       });
@@ -75,14 +75,28 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
 template <typename Cfg>
 int launch_two(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
+  using TW = typename Cfg::wide;
   constexpr int V = Cfg::vec;
   if (!task_rows_fit<T, V>(a)) return cudaErrorInvalidValue;
-  return launch_pair(a, stream, bwd_task_stats<T, V>, bwd_task_apply<T, V>);
+  return launch_pair(a, stream, bwd_task_stats<T, V, TW>, bwd_task_apply<T, V, TW>);
 }
 
+// (A wide launch, float32 dy, has the two launches only.)
 int launch_task_backward(const GnArgs& a, cudaStream_t stream) {
-  if (a.schedule == 1) return launch_task_backward_onepass(a, stream);
-  return visit_config(a.dtype, a.vec, [&](auto cfg) { return launch_two<decltype(cfg)>(a, stream); });
+  if (a.schedule == 1) {
+    if (a.wide_dtype != a.dtype) return cudaErrorInvalidValue;
+    return launch_task_backward_onepass(a, stream);
+  }
+  return visit_wide_config(a.dtype, a.wide_dtype, a.vec, [&](auto cfg) { return launch_two<decltype(cfg)>(a, stream); });
+}
+
+// Blocks per SM of the wide backward's stats kernel (its only schedule is the two launches).
+int task_backward_wide_occupancy(int dtype, int wide_dtype, int vec, int smem, int* blocks) {
+  return visit_wide_config(dtype, wide_dtype, vec, [&](auto cfg) {
+    using C = decltype(cfg);
+    return static_cast<int>(occupancy_of(
+        reinterpret_cast<const void*>(bwd_task_stats<typename C::type, C::vec, typename C::wide>), smem, blocks));
+  });
 }
 
 // Blocks per SM of the task backward: the fewer of its stats and one-pass kernels' (the teams are

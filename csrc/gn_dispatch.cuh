@@ -12,9 +12,12 @@
 
 namespace gn {
 
-template <typename T, int V>
+// TW: the "wide" tensor's element type, the forward's y and the backward's dy: T, or float32 for a
+// float16/bfloat16 x under autocast (GnArgs.wide_dtype; task kernels, 16-byte vectors only).
+template <typename T, int V, typename TW = T>
 struct Config {
   using type = T;
+  using wide = TW;
   static constexpr int vec = V;
 };
 
@@ -30,6 +33,22 @@ int visit_config(int dtype, int vec, F&& f) {
       return vec == 1   ? f(Config<__nv_bfloat16, 1>{})
              : vec == 8 ? f(Config<__nv_bfloat16, 8>{})
                         : cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// visit_config, or for a launch whose wide tensor is float32 while x is float16/bfloat16 (16-byte
+// vectors: the only wide configurations built) f(Config<T, 8, float>{}).
+template <typename F>
+int visit_wide_config(int dtype, int wide_dtype, int vec, F&& f) {
+  if (wide_dtype == dtype) return visit_config(dtype, vec, f);
+  if (wide_dtype != 0 || vec != 8) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case 1:
+      return f(Config<__half, 8, float>{});
+    case 2:
+      return f(Config<__nv_bfloat16, 8, float>{});
     default:
       return cudaErrorInvalidValue;
   }

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 // its tiles, the last to arrive combines the task's partials and publishes mean/rstd with the
 // task's flag, and every member applies from the chunks it kept. (Every member combining for
 // itself was measured slower: hundreds of blocks reading the same partials at once.)
-template <typename T, int V>
+template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
       }
       __syncthreads();
       trace_point(a, 3 + 4 * round);
-      reread += member_apply<T, V>(a, task, t0, t1, sm, min(chunks, a.slots));
+      reread += member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
       trace_point(a, 4 + 4 * round);
       tiles_done += t1 - t0;
     }
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
 
 // (Measured, a2351f3: applying from registers instead of the shared-memory ring, with one chunk in
 // flight per thread, was 4-11 % slower on the 64-256 MiB shapes.)
-template <typename T, int V>
+template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
       load_task_params(a, task, sm.param);
       load_group_stats(a, task, sm.grp);
       __syncthreads();
-      reread += member_apply<T, V>(a, task, t0, t1, sm, 0);
+      reread += member_apply<T, V, TY>(a, task, t0, t1, sm, 0);
       tiles_done += t1 - t0;
     }
   }
@@ -168,20 +168,22 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   record(a, 3, static_cast<int>(reread));
 }
 
+// (A wide launch, float32 y: the stats kernel reads x only, so it is x's own.)
 template <typename Cfg>
 int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
+  using TY = typename Cfg::wide;
   constexpr int V = Cfg::vec;
   if (!task_rows_fit<T, V>(a)) return cudaErrorInvalidValue;
-  if (a.schedule == 1) return launch_cooperative(a, stream, fwd_task_onepass<T, V>);
-  return launch_pair(a, stream, fwd_task_stats<T, V>, fwd_task_apply<T, V>);
+  if (a.schedule == 1) return launch_cooperative(a, stream, fwd_task_onepass<T, V, TY>);
+  return launch_pair(a, stream, fwd_task_stats<T, V>, fwd_task_apply<T, V, TY>);
 }
 
-int task_forward_occupancy(int dtype, int vec, int smem, int* blocks) {
-  return visit_config(dtype, vec, [&](auto cfg) {
+int task_forward_occupancy(int dtype, int wide_dtype, int vec, int smem, int* blocks) {
+  return visit_wide_config(dtype, wide_dtype, vec, [&](auto cfg) {
     using C = decltype(cfg);
-    return static_cast<int>(
-        occupancy_of(reinterpret_cast<const void*>(fwd_task_onepass<typename C::type, C::vec>), smem, blocks));
+    return static_cast<int>(occupancy_of(
+        reinterpret_cast<const void*>(fwd_task_onepass<typename C::type, C::vec, typename C::wide>), smem, blocks));
   });
 }
 
@@ -219,8 +221,13 @@ extern "C" int gn_forward(const GnArgs* args, void* stream) {
   if (args->fanin != gn::kFanin) return cudaErrorInvalidValue;  // schedule.FANIN disagrees
   const gn::DeviceGuard guard(args->device);
   if (guard.status() != cudaSuccess) return guard.status();
+  if (args->arch == 2) {
+    return gn::visit_wide_config(args->dtype, args->wide_dtype, args->vec, [&](auto cfg) {
+      return gn::launch_forward_tasks<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
+    });
+  }
+  if (args->wide_dtype != args->dtype) return cudaErrorInvalidValue;  // (task kernels only)
   return gn::visit_config(args->dtype, args->vec, [&](auto cfg) {
-    return args->arch == 2 ? gn::launch_forward_tasks<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream))
-                           : gn::launch_forward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
+    return gn::launch_forward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
   });
 }

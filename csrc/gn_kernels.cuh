@@ -66,8 +66,11 @@ __device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
 // the apply phase re-reads stays cached.
 template <typename T, int V>
 __device__ __forceinline__ void store_pack_streaming(T* p, const Pack<T, V>& v) {
-  if constexpr (sizeof(Pack<T, V>) == 16) {
-    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  if constexpr (sizeof(Pack<T, V>) % 16 == 0) {  // (32 bytes: the wide forward's float32 y)
+#pragma unroll
+    for (int j = 0; j < static_cast<int>(sizeof(Pack<T, V>)) / 16; ++j) {
+      __stcs(reinterpret_cast<uint4*>(p) + j, reinterpret_cast<const uint4*>(&v)[j]);
+    }
   } else {
     *reinterpret_cast<Pack<T, V>*>(p) = v;
   }

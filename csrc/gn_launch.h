@@ -41,9 +41,10 @@ class DeviceGuard {
 int launch_levels(const GnArgs& a, cudaStream_t stream);
 int level_attributes(int* regs, int* smem, int* local);
 int forward_occupancy(int dtype, int vec, int smem, int* blocks);
-int task_forward_occupancy(int dtype, int vec, int smem, int* blocks);
+int task_forward_occupancy(int dtype, int wide_dtype, int vec, int smem, int* blocks);
 int backward_occupancy(int dtype, int vec, int smem, int* blocks);
 int task_backward_occupancy(int dtype, int vec, int smem, int* blocks);
+int task_backward_wide_occupancy(int dtype, int wide_dtype, int vec, int smem, int* blocks);
 // The task backward's launches (gn_backward_tasks.cu; the one-launch kernel's in gn_backward_onepass.cu).
 int launch_task_backward(const GnArgs& a, cudaStream_t stream);
 int launch_task_backward_onepass(const GnArgs& a, cudaStream_t stream);

@@ -186,12 +186,14 @@ struct ThreadChunks {
 // ---------------------------------------------------------------- shared-memory layout
 // [slots x chunk (x, then dy in the backward)][column scratch, float2][per-channel totals, float2]
 // [per-channel (weight, bias)][per-group (mean, rstd)][per-group backward coefficients]; the same
-// formula as schedule.task_smem_bytes.
-template <typename T>
+// formula as schedule.task_smem_bytes. The backward's dy chunk holds TW elements: T, or float32 for
+// the wide backward under autocast (x half/bfloat16, dy float32: schedule.TaskTiling.wide_itemsize).
+template <typename T, typename TW = T>
 struct TaskSmem {
   T* slot0;
-  int slot_elems;    // elements from one slot to the next
-  int tensor_elems;  // from a slot's x chunk to its dy chunk
+  int slot_elems;  // T elements from one slot to the next
+  TW* wide0;       // slot 0's dy chunk (the backward)
+  int wide_elems;  // TW elements from one slot to the next
   float2* scratch;
   float2* chan;
   float2* param;
@@ -200,14 +202,18 @@ struct TaskSmem {
   __device__ TaskSmem(const GnArgs& a, int tensors = 1) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int64_t chunk_bytes = (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
+    const int64_t dy_bytes =
+        tensors == 2 ? (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(TW)) + 15) / 16 * 16 : 0;
+    const int64_t slot_bytes = chunk_bytes + dy_bytes;
     const int width = a.cols_threads * a.vec;
     const int srows = (32 % a.cols_threads) == 0 ? kWarps : a.rows_threads;  // fold_channels' rows
     // the backward's apply launch also folds its warps' dweight/dbias strips there (bwd_param_strip)
     const int scratch_pairs = tensors == 2 ? max(srows * width, kThreads) : srows * width;
     slot0 = reinterpret_cast<T*>(smem);
-    tensor_elems = static_cast<int>(chunk_bytes / static_cast<int64_t>(sizeof(T)));
-    slot_elems = tensors * tensor_elems;
-    unsigned char* p = smem + a.slots * tensors * chunk_bytes;
+    slot_elems = static_cast<int>(slot_bytes / static_cast<int64_t>(sizeof(T)));
+    wide0 = reinterpret_cast<TW*>(smem + chunk_bytes);
+    wide_elems = static_cast<int>(slot_bytes / static_cast<int64_t>(sizeof(TW)));
+    unsigned char* p = smem + a.slots * slot_bytes;
     scratch = reinterpret_cast<float2*>(p);
     p += static_cast<int64_t>(scratch_pairs) * 8;
     chan = reinterpret_cast<float2*>(p);
@@ -232,17 +238,21 @@ struct TaskLane {
 };
 
 // This thread's rows of one chunk, global memory -> its places in the slot (`s`, this thread's place
-// in the slot): 16-byte cp.async where the layout allows (V * sizeof(T) == 16), plain loads
-// otherwise. Unrolled over the R rows with constant strides.
-template <typename T, int V>
+// in the slot): 16-byte cp.async where the layout allows (V * sizeof(T) a multiple of 16: two copies
+// for the float32 dy of a wide backward), plain loads otherwise. Unrolled over the R rows (the
+// lane's, i.e. x's, bound) with constant strides.
+template <typename T, int V, int R = kChunkRowsPerThread<T, V>>
 __device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int sstep, int rows_threads, int limit) {
-  constexpr int R = kChunkRowsPerThread<T, V>;
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
   int r = 0;  // k * rows_threads, stepped (no multiplies per row)
 #pragma unroll 4  // all of R = 4 vector rows; groups of 4 of the 16 scalar ones (registers)
   for (int k = 0; k < R; ++k, r += rows_threads, g += gstep, s += sstep) {
     if (r < limit) {
-      if constexpr (sizeof(T) * V == 16) {
-        cp_async16(s, g);
+      if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+        for (int j = 0; j < kBytes / 16; ++j) {
+          cp_async16(reinterpret_cast<unsigned char*>(s) + 16 * j, reinterpret_cast<const unsigned char*>(g) + 16 * j);
+        }
       } else {
         *reinterpret_cast<Pack<T, V>*>(s) = load_pack<T, V>(g);
       }
@@ -295,8 +305,8 @@ __device__ __forceinline__ void accumulate_rows(const T* s, int sstep, int rows_
 // Sums the threads' (s1, s2) per channel of the window into sm.chan (visible to all threads on
 // return), in a fixed order: across the lanes of a warp that share a column by an xor butterfly,
 // then over warps or row threads in order. Zeroes s1 and s2 for the next tile.
-template <typename T, int V>
-__device__ void fold_channels(const GnArgs& a, const TaskLane& lane, const TaskSmem<T>& sm, float (&s1)[V],
+template <typename Sm, int V>
+__device__ void fold_channels(const GnArgs& a, const TaskLane& lane, const Sm& sm, float (&s1)[V],
                               float (&s2)[V]) {
   const int ct = a.cols_threads;
   const int width = ct * V;
@@ -336,7 +346,7 @@ __device__ void fold_channels(const GnArgs& a, const TaskLane& lane, const TaskS
 template <typename T, int V>
 __device__ void finish_tile(const GnArgs& a, const TaskLane& lane, const TaskSmem<T>& sm, float (&s1)[V],
                             float (&s2)[V], float2* out, int64_t tiles) {
-  fold_channels<T, V>(a, lane, sm, s1, s2);
+  fold_channels(a, lane, sm, s1, s2);
   const int cpg = channels_per_group(a);
   for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
     float2 acc = make_float2(0.f, 0.f);
@@ -557,9 +567,10 @@ struct ApplyCoefs {
   }
 };
 
-// y = act((x - mean) * scale + beta) for this thread's rows of one chunk held in shared memory.
-template <typename T, int V, int kAct>
-__device__ __forceinline__ void apply_rows(const T* s, int sstep, T* y, int64_t ystep, int rows_threads, int limit,
+// y = act((x - mean) * scale + beta) for this thread's rows of one chunk held in shared memory; y in
+// TY (x's type, or float32 under autocast: the wide forward).
+template <typename T, int V, int kAct, typename TY = T>
+__device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t ystep, int rows_threads, int limit,
                                            const ApplyCoefs<V>& k_) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
@@ -567,13 +578,13 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, T* y, int64_t 
   for (int k = 0; k < R; ++k, r += rows_threads, s += sstep, y += ystep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
-      Pack<T, V> o;
+      Pack<TY, V> o;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const float z = fmaf(to_float(x.v[v]) - k_.mean[v], k_.scale[v], k_.beta[v]);
-        o.v[v] = from_float<T>(activate<kAct>(z));
+        o.v[v] = from_float<TY>(activate<kAct>(z));
       }
-      store_pack_streaming<T, V>(y, o);
+      store_pack_streaming<TY, V>(y, o);
     }
   }
 }
@@ -607,14 +618,14 @@ __device__ __forceinline__ int walk_ring_backwards(int chunks, int slots, Read&&
 // sm.grp and the parameters in sm.param (both visible). The last `kept` chunks are already in their
 // slots (member_stats just read them); the others are read again, each into the slot its successor
 // frees. Returns the number of chunks re-read.
-template <typename T, int V>
+template <typename T, int V, typename TY = T>
 __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
                             int kept) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
-  T* out = static_cast<T*>(a.out) + n * a.s * a.c + c0;
+  TY* out = static_cast<TY*>(a.out) + n * a.s * a.c + c0;
   const ApplyCoefs<V> coefs(a, sm.grp, sm.param, lane.col);
   const int slots = a.slots;
   const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
@@ -633,10 +644,10 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   const int reread = walk_ring_backwards(chunks, slots, reread_into, [] {}, [&](int q, int slot) {
     if (!lane.active) return;
     const T* s = mine + slot * sm.slot_elems;
-    T* y = out + tc.offset(q);
+    TY* y = out + tc.offset(q);
     const int limit = tc.limit(q);
     // the activation is chosen once per chunk, so the row loop has no branches
-    with_act(a.act, [&](auto act) { apply_rows<T, V, decltype(act)::value>(s, sstep, y, gstep, rt, limit, coefs); });
+    with_act(a.act, [&](auto act) { apply_rows<T, V, decltype(act)::value, TY>(s, sstep, y, gstep, rt, limit, coefs); });
   });
   __syncthreads();  // sm.grp and sm.param are rewritten for the next task
   return reread;
@@ -710,8 +721,8 @@ __device__ __forceinline__ float grad_of_z(float dy, float xhat, float w, float 
 }
 
 // (s1, s2) += (dz, dz * xhat) over this thread's rows of one chunk (x and dy slots), in row order.
-template <typename T, int V, int kAct>
-__device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const T* sd, int sstep, int rows_threads, int limit,
+template <typename T, int V, int kAct, typename TW>
+__device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, int sstep, int rows_threads, int limit,
                                                     const BwdCoefs<V>& k, float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
@@ -719,7 +730,7 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const T* sd, in
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
-      const Pack<T, V> d = *reinterpret_cast<const Pack<T, V>*>(sd);
+      const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(sd);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const float xhat = (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
@@ -734,8 +745,8 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const T* sd, in
 // The task's weight and bias into sm.param and its mean and rstd into sm.grp, then this thread's
 // coefficients from them: run while a member's first chunk copies are in flight (their latency
 // hides these loads'; a barrier inside: every thread calls it).
-template <typename T, int V>
-__device__ __forceinline__ void load_bwd_coefs(const GnArgs& a, int64_t task, const TaskSmem<T>& sm, int col,
+template <typename Sm, int V>
+__device__ __forceinline__ void load_bwd_coefs(const GnArgs& a, int64_t task, const Sm& sm, int col,
                                                BwdCoefs<V>& k) {
   load_task_params(a, task, sm.param);
   load_group_stats(a, task, sm.grp);
@@ -746,13 +757,14 @@ __device__ __forceinline__ void load_bwd_coefs(const GnArgs& a, int64_t task, co
 // The backward stats of the tiles [t0, t1) of `task`: x and dy chunk by chunk through the ring of
 // `slots` chunk pairs, one per-channel and one per-group partial per tile. The task's statistics and
 // parameters are loaded into sm.grp and sm.param behind the first copies. Returns the number of chunks.
-template <typename T, int V>
-__device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm) {
+template <typename T, int V, typename TW = T>
+__device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t base = task_sample(a, task) * a.s * a.c + task_c0(a, task);
   const T* x = static_cast<const T*>(a.x) + base;
-  const T* dy = static_cast<const T*>(a.dy) + base;
+  const TW* dy = static_cast<const TW*>(a.dy) + base;
   float2* parts = bwd_partials(a, task);
   float2* gparts = bwd_group_partials(a, task);
   const int gw = groups_per_window(a);
@@ -761,7 +773,9 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
   const int rt = a.rows_threads;
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
-  T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
+  const int place = lane.row * static_cast<int>(a.window) + lane.col * V;  // this thread's, in a chunk
+  T* mine = sm.slot0 + place;
+  TW* dmine = sm.wide0 + place;
   BwdCoefs<V> k;
   float s1[V], s2[V];
 #pragma unroll
@@ -774,20 +788,20 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         if (!lane.active) return;
         const int64_t off = tc.offset(q);
         const int limit = tc.limit(q);
-        T* s = mine + slot * sm.slot_elems;
-        copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
-        copy_rows<T, V>(dy + off, gstep, s + sm.tensor_elems, sstep, rt, limit);
+        copy_rows<T, V>(x + off, gstep, mine + slot * sm.slot_elems, sstep, rt, limit);
+        copy_rows<TW, V, R>(dy + off, gstep, dmine + slot * sm.wide_elems, sstep, rt, limit);
       },
-      [&] { load_bwd_coefs<T, V>(a, task, sm, lane.col, k); },
+      [&] { load_bwd_coefs(a, task, sm, lane.col, k); },
       [&](int q, int slot) {
         if (lane.active) {
           const T* s = mine + slot * sm.slot_elems;
+          const TW* d = dmine + slot * sm.wide_elems;
           with_act(a.act, [&](auto act) {
-            accumulate_rows_bwd<T, V, decltype(act)::value>(s, s + sm.tensor_elems, sstep, rt, tc.limit(q), k, s1, s2);
+            accumulate_rows_bwd<T, V, decltype(act)::value>(s, d, sstep, rt, tc.limit(q), k, s1, s2);
           });
         }
         if (++in_tile == cpt) {
-          fold_channels<T, V>(a, lane, sm, s1, s2);
+          fold_channels(a, lane, sm, s1, s2);
           write_tile_partials(a, sm.chan, sm.param, parts + tile * a.window, gparts + tile * gw);
           in_tile = 0;
           ++tile;
@@ -880,8 +894,8 @@ static __device__ void bwd_param_totals(const GnArgs& a) {
 }
 
 // dx = rstd * (w * dz - (A + xhat * B) / M) for this thread's rows of one chunk pair.
-template <typename T, int V, int kAct>
-__device__ __forceinline__ void apply_rows_bwd(const T* sx, const T* sd, int sstep, T* out, int64_t ystep,
+template <typename T, int V, int kAct, typename TW>
+__device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int sstep, T* out, int64_t ystep,
                                                int rows_threads, int limit, const BwdCoefs<V>& k,
                                                const float (&ka)[V], const float (&kb)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
@@ -890,7 +904,7 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const T* sd, int sst
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep, out += ystep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
-      const Pack<T, V> d = *reinterpret_cast<const Pack<T, V>*>(sd);
+      const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(sd);
       Pack<T, V> o;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
@@ -913,14 +927,15 @@ struct NoStep {
 };
 
 
-template <typename T, int V, int kAct, typename Step = NoStep>
-__device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
+template <typename T, int V, int kAct, typename TW = T, typename Step = NoStep>
+__device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm,
                                 int kept = 0, Step behind_copies = Step{}) {
+  constexpr int R = kChunkRowsPerThread<T, V>;
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t base = task_sample(a, task) * a.s * a.c + task_c0(a, task);
   const T* x = static_cast<const T*>(a.x) + base;
-  const T* dy = static_cast<const T*>(a.dy) + base;
+  const TW* dy = static_cast<const TW*>(a.dy) + base;
   T* dx = static_cast<T*>(a.out) + base;
   BwdCoefs<V> k;
   float ka[V], kb[V];
@@ -931,7 +946,7 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
       const float2 q = __ldcg(group_sums(a) + ng0 + gl);
       sm.coef[gl] = make_float2(q.x / count, q.y / count);
     }
-    load_bwd_coefs<T, V>(a, task, sm, lane.col, k);
+    load_bwd_coefs(a, task, sm, lane.col, k);
     int g[V];
     column_groups<V>(a, lane.col, g);
 #pragma unroll
@@ -945,16 +960,17 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   const int rt = a.rows_threads;
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
-  T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
+  const int place = lane.row * static_cast<int>(a.window) + lane.col * V;  // this thread's, in a chunk
+  T* mine = sm.slot0 + place;
+  TW* dmine = sm.wide0 + place;
   const int fresh = chunks - kept;  // chunk pairs [0, fresh) are read again; the last `kept` are in their slots
   auto read_into = [&](int q, int slot) {
     if (q < 0 || q >= fresh) return 0;
     if (lane.active) {
       const int64_t off = tc.offset(q);
       const int limit = tc.limit(q);
-      T* s = mine + slot * sm.slot_elems;
-      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
-      copy_rows<T, V>(dy + off, gstep, s + sm.tensor_elems, sstep, rt, limit);
+      copy_rows<T, V>(x + off, gstep, mine + slot * sm.slot_elems, sstep, rt, limit);
+      copy_rows<TW, V, R>(dy + off, gstep, dmine + slot * sm.wide_elems, sstep, rt, limit);
     }
     return 1;
   };
@@ -964,8 +980,8 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   };
   const int reads = walk_ring_backwards(chunks, slots, read_into, started, [&](int q, int slot) {
     if (!lane.active) return;
-    const T* s = mine + slot * sm.slot_elems;
-    apply_rows_bwd<T, V, kAct>(s, s + sm.tensor_elems, sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);
+    apply_rows_bwd<T, V, kAct>(mine + slot * sm.slot_elems, dmine + slot * sm.wide_elems, sstep, dx + tc.offset(q),
+                               gstep, rt, tc.limit(q), k, ka, kb);
   });
   __syncthreads();  // sm.* are rewritten for the next task
   return reads;

@@ -113,6 +113,10 @@ MANGLED = [
     ("_ZN2gn9fwd_tilesIfLi4EEEv6GnArgs", "fwd_tiles[fp32,vec4]"),
     ("_ZN2gn11fwd_combineIfEEv6GnArgs", "fwd_combine[fp32]"),
     ("_ZN2gn12level_reduceE6GnArgs", "level_reduce"),
+    # the task kernels' wide type: x's own (a back-reference, or fp32's code again) is left out
+    ("_ZN2gn14fwd_task_applyI13__nv_bfloat16Li8ES1_EEv6GnArgs", "fwd_task_apply[bf16,vec8]"),
+    ("_ZN2gn14bwd_task_statsIfLi4EfEEv6GnArgs", "bwd_task_stats[fp32,vec4]"),
+    ("_ZN2gn14bwd_task_applyI6__halfLi8EfEEv6GnArgs", "bwd_task_apply[fp16,vec8,wide]"),
     ("_ZN2gn3fooI7MyThingEEvv", "_ZN2gn3fooI7MyThingEEvv"),  # unknown template argument: kept raw
     ("_Z6kernelPf", "_Z6kernelPf"),
     ("report_arch", "report_arch"),

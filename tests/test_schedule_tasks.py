@@ -222,3 +222,28 @@ def test_sync_words_per_task_match_the_kernels() -> None:
     text = (Path(__file__).resolve().parents[1] / "csrc" / "gn_tasks.cuh").read_text()
     words = int(re.search(r"constexpr int kSyncWordsPerTask = (\d+);", text).group(1))
     assert words == schedule.SYNC_WORDS_PER_TASK
+
+
+def test_wide_backward_slots_hold_a_float32_dy_chunk_beside_x() -> None:
+    """Under autocast a bf16 x meets float32 dy (the wide launches): x's tiling, a slot of x's chunk
+    plus a dy chunk twice its size, so fewer slots fit; the forward's slots (y is not on chip) and the
+    tiling itself do not change."""
+    plain = {d: schedule.task_tiling(128, 32, 65536, 2, d, batch=32) for d in ("fwd", "bwd")}
+    wide = {d: schedule.task_tiling(128, 32, 65536, 2, d, batch=32, wide_itemsize=4) for d in ("fwd", "bwd")}
+    for d in ("fwd", "bwd"):
+        assert wide[d].wide_itemsize == 4 and plain[d].wide_itemsize == 0
+        assert (wide[d].window, wide[d].vec, wide[d].chunk_rows, wide[d].tiles_per_task) == (
+            plain[d].window,
+            plain[d].vec,
+            plain[d].chunk_rows,
+            plain[d].tiles_per_task,
+        )
+    assert wide["fwd"].slot_bytes == plain["fwd"].slot_bytes == plain["fwd"].chunk_bytes
+    assert plain["bwd"].slot_bytes == 2 * plain["bwd"].chunk_bytes
+    assert wide["bwd"].slot_bytes == 3 * wide["bwd"].chunk_bytes
+    budget = schedule.smem_budget(233472, 232448, 1024)  # an H200's SM, two blocks
+    assert schedule.task_slots(wide["bwd"], budget) < schedule.task_slots(plain["bwd"], budget)
+    slots = schedule.task_slots(wide["bwd"], budget)
+    assert schedule.task_smem_bytes(wide["bwd"], slots) <= budget
+    # the same itemsize is no wide launch
+    assert schedule.task_tiling(128, 32, 64, 4, "bwd", wide_itemsize=4).wide_itemsize == 0

@@ -84,6 +84,7 @@ class GnArgs(ctypes.Structure):
         ("chunks_per_tile", _i32),
         ("off_group_partials", _i64),
         ("grad_dtype", _i32),
+        ("wide_dtype", _i32),  # y's (forward) / dy's (backward) dtype code: dtype, or float32 (wide)
     ]
 
 
@@ -118,6 +119,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.gn_backward.argtypes = [_p, _p]
     lib.gn_onepass_occupancy.argtypes = [ctypes.c_int] * 5 + [ip]
     lib.gn_task_occupancy.argtypes = [ctypes.c_int] * 5 + [ip]
+    lib.gn_task_occupancy_wide.argtypes = [ctypes.c_int] * 6 + [ip]
     lib.gn_kernel_attributes.argtypes = [ctypes.c_int] * 4 + [ip, ip, ip]
     lib.gn_runtime_arch.argtypes = [ctypes.c_int, ip]
     lib.gn_error_string.argtypes = [ctypes.c_int]
@@ -128,6 +130,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.gn_backward,
         lib.gn_onepass_occupancy,
         lib.gn_task_occupancy,
+        lib.gn_task_occupancy_wide,
         lib.gn_kernel_attributes,
         lib.gn_runtime_arch,
         lib.gn_abi_size,

@@ -30,6 +30,12 @@ ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
 ENV_ARCH = "GN_ARCH"
 ARCHS = ("tiles", "tasks", "tasks+bwd", "tasks+bwd1")
 TASK_BACKWARD_ARCHS = ("tasks+bwd", "tasks+bwd1")
+
+
+class NoWideLaunch(RuntimeError):
+    """The kernels have no wide launch (float16/bfloat16 x, float32 y or dy) for this call."""
+
+
 DEFAULT_ARCH = "tasks+bwd"
 
 # Caps and variants are process-wide (not thread-local): autograd runs backward on its own thread.
@@ -263,12 +269,18 @@ def onepass_residency(t: Tiling, dtype: str | torch.dtype, device: torch.device 
 
 
 @functools.cache
-def _task_occupancy(index: int, variant: str | None, direction: str, dtype: str, vec: int, smem: int) -> int:
+def _task_occupancy(
+    index: int, variant: str | None, direction: str, dtype: str, vec: int, smem: int, wide: str | None = None
+) -> int:
     lib = library(index, variant)
     blocks = ctypes.c_int(0)
-    code = lib.gn_task_occupancy(
-        index, _abi.DIRECTION_CODES[direction], _abi.DTYPE_CODES[dtype], vec, smem, ctypes.byref(blocks)
-    )
+    codes = (_abi.DIRECTION_CODES[direction], _abi.DTYPE_CODES[dtype])
+    if wide is None:
+        code = lib.gn_task_occupancy(index, *codes, vec, smem, ctypes.byref(blocks))
+    else:
+        code = lib.gn_task_occupancy_wide(
+            index, *codes, _abi.DTYPE_CODES[wide], vec, smem, ctypes.byref(blocks)
+        )
     return blocks.value if code == 0 else 0
 
 
@@ -354,32 +366,45 @@ def task_plan(
     *,
     aligned: bool = True,
     cap: int | None = None,
+    wide: str | torch.dtype | None = None,
 ) -> schedule.TaskPlan | None:
     """The task-architecture plan for this device, or None where the task kernels do not apply.
 
     The backward runs on them only with GN_ARCH=tasks+bwd (two launches; `passes=1` runs those too: the
     tile kernels' one-pass backward sums in another order, and a result must not change its bits with
     the schedule asked for) or tasks+bwd1 (its one-pass kernel too, the same bits: opt-in).
+
+    `wide`: the dtype of y (forward) or dy (backward) when it is float32 for a float16/bfloat16 x (the
+    wide launches under autocast); None where the task kernels have no wide launch for the shape (the
+    scalar path) and, in the backward, always two launches.
     """
+    name = _dtype_name(dtype)
+    wide_name = None if wide is None or _dtype_name(wide) == name else _dtype_name(wide)
     onepass_bwd = False
     if direction == "bwd":
         arch = current_arch()
         if arch not in TASK_BACKWARD_ARCHS:
             return None
-        onepass_bwd = arch == "tasks+bwd1"
+        onepass_bwd = arch == "tasks+bwd1" and wide_name is None
         if not onepass_bwd:
             schedule_ = 2
     n, s, c = _nsc(shape)
-    name = _dtype_name(dtype)
-    t = schedule.task_tiling(c, num_groups, s, schedule.ITEMSIZE[name], direction, batch=n, aligned=aligned)
-    if t is None:
+    itemsize = schedule.ITEMSIZE[name]
+    wide_itemsize = schedule.ITEMSIZE[wide_name] if wide_name is not None else 0
+    t = schedule.task_tiling(
+        c, num_groups, s, itemsize, direction, batch=n, aligned=aligned, wide_itemsize=wide_itemsize
+    )
+    if t is None or (
+        wide_name is not None and (wide_name != "float32" or t.vec * itemsize != schedule.VEC_BYTES)
+    ):
         return None
     index = _device_index(device)
     slots = schedule.task_slots(t, _task_smem_budget(index))
     if slots < 1:
         return None
     smem = schedule.task_smem_bytes(t, slots)
-    residency = _task_occupancy(index, current_variant(), direction, name, t.vec, smem) * _sm_count(index)
+    per_sm = _task_occupancy(index, current_variant(), direction, name, t.vec, smem, wide_name)
+    residency = per_sm * _sm_count(index)
     cap = current_cap() if cap is None else cap
     chosen = schedule_
     if chosen == "auto":
@@ -401,20 +426,30 @@ def plan(
     *,
     aligned: bool = True,
     cap: int | None = None,
+    wide: str | torch.dtype | None = None,
 ) -> Plan:
     """The launch plan for an input of NCHW-order `shape` on a local CUDA device.
 
-    `cap` defaults to the cap in force (`max_resident_blocks`, GN_MAX_RESIDENT_BLOCKS).
+    `cap` defaults to the cap in force (`max_resident_blocks`, GN_MAX_RESIDENT_BLOCKS). `wide`: see
+    `task_plan`; `NoWideLaunch` where the kernels have none for this call.
     """
     if not torch.cuda.is_available():  # torch's own error here is a bare AssertionError
         raise RuntimeError(
             "gn_module.plan(): needs a CUDA device (it asks the device for its SM count and kernel "
             f"occupancy), and torch sees none (torch {torch.__version__}, CUDA {torch.version.cuda})"
         )
+    if wide is not None and _dtype_name(wide) == _dtype_name(dtype):
+        wide = None
     if current_arch() != "tiles":
-        tp = task_plan(shape, num_groups, dtype, direction, schedule_, device, aligned=aligned, cap=cap)
+        tp = task_plan(
+            shape, num_groups, dtype, direction, schedule_, device, aligned=aligned, cap=cap, wide=wide
+        )
         if tp is not None:
             return tp  # type: ignore[return-value]
+    if wide is not None:
+        raise NoWideLaunch(
+            f"no wide {direction} launch for {tuple(shape)} {_dtype_name(dtype)} ({current_arch()})"
+        )
     n, s, c = _nsc(shape)
     name = _dtype_name(dtype)
     t = schedule.tiling(c, num_groups, s, schedule.ITEMSIZE[name], direction, batch=n, aligned=aligned)
@@ -463,12 +498,15 @@ def _args(
     act: str | None,
     param_dtype: torch.dtype | None,
     device_index: int,
+    wide: torch.dtype | None = None,
 ) -> _abi.GnArgs:
-    """GnArgs from the plan, without data pointers. `param_dtype`: weight's (or bias's) dtype."""
+    """GnArgs from the plan, without data pointers. `param_dtype`: weight's (or bias's) dtype; `wide`:
+    y's (dy's) dtype where it is not x's (`task_plan`)."""
     t = p.tiling
     a = _abi.GnArgs()
     a.n, a.s, a.c, a.g = p.batch, t.rows, t.channels, t.groups
     a.dtype = _abi.DTYPE_CODES[_dtype_name(dtype)]
+    a.wide_dtype = a.dtype if wide is None else _abi.DTYPE_CODES[_dtype_name(wide)]
     a.w_dtype = _abi.DTYPE_CODES[_dtype_name(param_dtype)] if param_dtype is not None else 0
     a.act = _abi.ACT_CODES[act]
     a.eps = eps
@@ -575,7 +613,7 @@ _SYNC_AT = _abi.GnArgs.sync.offset
 # groups, eps, act, passes, parameter dtype, device, 16-byte alignment, the cap, build variant and
 # GN_ARCH in force), so a cap set by max_resident_blocks or an env var changed between two calls
 # takes effect on the next call.
-_launches: dict[tuple, _Launch] = {}
+_launches: dict[tuple, _Launch | object] = {}
 _MAX_LAUNCHES = 4096
 
 
@@ -589,7 +627,9 @@ def _launch(
     act: int,
     passes: int,
     param: torch.Tensor | None,
+    wide: torch.dtype | None = None,
 ) -> _Launch:
+    """The cached launch of this call signature; `NoWideLaunch` (also cached) where `wide` has none."""
     cap, arch = _settings()
     key = (
         direction,
@@ -605,28 +645,54 @@ def _launch(
         cap,
         _variants[-1] if _variants else None,
         arch,
+        wide,
     )
     launch = _launches.get(key)
     if launch is None:
         launch = _new_launch(key)
-    return launch
+    if launch is _NO_WIDE:
+        raise NoWideLaunch(f"no wide {direction} launch for {tuple(x.shape)} {x.dtype}")
+    return launch  # type: ignore[return-value]
 
 
-def _new_launch(key: tuple) -> _Launch:
-    direction, shape, dtype, index, aligned, num_groups, eps, act, passes, param_dtype, cap, variant, _ = key
-    p = plan(
-        tuple(shape),
-        num_groups,
-        dtype,
+_NO_WIDE = object()  # a cached answer of _new_launch: NoWideLaunch
+
+
+def _new_launch(key: tuple) -> _Launch | object:
+    (
         direction,
-        "auto" if passes == 0 else passes,
+        shape,
+        dtype,
         index,
-        aligned=aligned,
-        cap=cap,
-    )
+        aligned,
+        num_groups,
+        eps,
+        act,
+        passes,
+        param_dtype,
+        cap,
+        variant,
+        _,
+        wide,
+    ) = key
+    try:
+        p = plan(
+            tuple(shape),
+            num_groups,
+            dtype,
+            direction,
+            "auto" if passes == 0 else passes,
+            index,
+            aligned=aligned,
+            cap=cap,
+            wide=wide,
+        )
+    except NoWideLaunch:
+        _launches[key] = _NO_WIDE
+        return _NO_WIDE
     if p.tiles >= 2**31:
         raise RuntimeError(f"gn_module: {p.tiles} tiles exceed the launch limit of 2**31 - 1 blocks")
-    args = bytes(_args(p, dtype, eps, _ACTS[act], param_dtype, index))
+    args = bytes(_args(p, dtype, eps, _ACTS[act], param_dtype, index, wide))
     launch = _Launch(p, args, library(index, variant), direction)
     if len(_launches) >= _MAX_LAUNCHES:
         _launches.clear()
@@ -643,9 +709,10 @@ def _prepare(
     passes: int,
     param: torch.Tensor | None,
     *others: torch.Tensor,
+    wide: torch.dtype | None = None,
 ) -> tuple[Plan, _abi.GnArgs]:
     aligned = all(t.data_ptr() % schedule.VEC_BYTES == 0 for t in (x, *others))
-    launch = _launch(direction, x, x.get_device(), aligned, num_groups, eps, act, passes, param)
+    launch = _launch(direction, x, x.get_device(), aligned, num_groups, eps, act, passes, param, wide)
     return launch.plan, _abi.GnArgs.from_buffer_copy(launch.args)
 
 
@@ -697,12 +764,13 @@ def forward(
     act: int,
     passes: int,
     stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+    wide: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the forward kernels: y (x's memory format), mean and rstd (N, G) float32 (`stats` if
-    given, else new tensors)."""
+    """Run the forward kernels: y (x's memory format; dtype `wide` if given, else x's), mean and rstd
+    (N, G) float32 (`stats` if given, else new tensors)."""
     param = weight if weight is not None else bias
-    p, a = _prepare("fwd", x, num_groups, eps, act, passes, param)
-    y = torch.empty_like(x)
+    p, a = _prepare("fwd", x, num_groups, eps, act, passes, param, wide=wide)
+    y = torch.empty_like(x, dtype=wide)
     if stats is None:
         mean = torch.empty((x.shape[0], num_groups), dtype=torch.float32, device=x.device)
         rstd = torch.empty_like(mean)
@@ -724,6 +792,7 @@ def forward_nograd(
     eps: float,
     act: int,
     passes: int,
+    wide: torch.dtype | None = None,
 ) -> torch.Tensor:
     """`forward`'s y with less host work, for calls whose mean and rstd nobody keeps (no autograd).
 
@@ -732,12 +801,14 @@ def forward_nograd(
     data pointers packed in front. Launch records, poisoning and phase traces take `forward`.
     """
     if _records or _poison or _traces:
-        return forward(x, weight, bias, num_groups, eps, act, passes)[0]
+        return forward(x, weight, bias, num_groups, eps, act, passes, None, wide)[0]
     ptr = x.data_ptr()
     index = x.get_device()
     param = weight if weight is not None else bias
-    launch = _launch("fwd", x, index, ptr % schedule.VEC_BYTES == 0, num_groups, eps, act, passes, param)
-    y = torch.empty_like(x)
+    launch = _launch(
+        "fwd", x, index, ptr % schedule.VEC_BYTES == 0, num_groups, eps, act, passes, param, wide
+    )
+    y = torch.empty_like(x, dtype=wide)
     scratch = torch.empty(launch.scratch_floats, dtype=torch.float32, device=x.device)
     ws = scratch.data_ptr()
     mean, rstd = launch.offsets
@@ -780,6 +851,7 @@ def _forward_lean(
     eps: float,
     act: int,
     passes: int,
+    wide: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """`forward` for the training path with less host work: y, mean and rstd in one float32 tensor
     (mean first) which the backward keeps, and rstd's byte offset in it (see `_stats_views`).
@@ -790,8 +862,10 @@ def _forward_lean(
     ptr = x.data_ptr()
     index = x.get_device()
     param = weight if weight is not None else bias
-    launch = _launch("fwd", x, index, ptr % schedule.VEC_BYTES == 0, num_groups, eps, act, passes, param)
-    y = torch.empty_like(x)
+    launch = _launch(
+        "fwd", x, index, ptr % schedule.VEC_BYTES == 0, num_groups, eps, act, passes, param, wide
+    )
+    y = torch.empty_like(x, dtype=wide)
     stats = torch.empty(launch.stats_floats, dtype=torch.float32, device=x.device)
     ws = torch.empty(launch.workspace_floats, dtype=torch.float32, device=x.device)
     mean = stats.data_ptr()
@@ -829,13 +903,15 @@ def backward(
     eps: float,
     act: int,
     passes: int,
+    wide: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the backward kernels: dx (x's memory format), dweight and dbias (weight's dtype)."""
-    if dy.stride() != x.stride():  # gradients arrive in any layout; the kernels read x's
-        dy = torch.empty_like(x).copy_(dy)
+    """Run the backward kernels: dx (x's memory format and dtype), dweight and dbias (weight's dtype).
+    `wide`: dy's dtype where it is float32 for a float16/bfloat16 x (else dy is x's dtype)."""
+    if dy.stride() != x.stride() or (wide is not None and dy.data_ptr() % schedule.VEC_BYTES):
+        dy = torch.empty_like(x, dtype=dy.dtype).copy_(dy)  # the kernels read x's layout (aligned, wide)
     param = weight if weight is not None else bias
     pdt = param.dtype if param is not None else torch.float32
-    p, a = _prepare("bwd", x, num_groups, eps, act, passes, param, dy)
+    p, a = _prepare("bwd", x, num_groups, eps, act, passes, param, dy, wide=wide)
     c = x.shape[1]
     dx = torch.empty_like(x)
     gdt = pdt if _typed_param_grads(p) else torch.float32  # the dtype the kernels store them in
@@ -863,6 +939,7 @@ def _backward_lean(
     passes: int,
     want_dweight: bool,
     want_dbias: bool,
+    wide: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """`backward` with less host work, for the autograd.Function: the same launch (plan, GnArgs
     fields, kernels, stream) from `mean` and `rstd` data pointers, returning dweight (dbias) only
@@ -873,13 +950,13 @@ def _backward_lean(
     stores them in the parameters' dtype), which get their own tensors; for float16/bfloat16 parameters
     under the tile kernels the wanted ones are converted from that scratch as `backward` does.
     """
-    if dy.stride() != x.stride():  # gradients arrive in any layout; the kernels read x's
-        dy = torch.empty_like(x).copy_(dy)
+    if dy.stride() != x.stride() or (wide is not None and dy.data_ptr() % schedule.VEC_BYTES):
+        dy = torch.empty_like(x, dtype=dy.dtype).copy_(dy)  # the kernels read x's layout (aligned, wide)
     ptr, dy_ptr = x.data_ptr(), dy.data_ptr()
     index = x.get_device()
     param = weight if weight is not None else bias
     aligned = ptr % schedule.VEC_BYTES == 0 and dy_ptr % schedule.VEC_BYTES == 0
-    launch = _launch("bwd", x, index, aligned, num_groups, eps, act, passes, param)
+    launch = _launch("bwd", x, index, aligned, num_groups, eps, act, passes, param, wide)
     dx = torch.empty_like(x)
     scratch = torch.empty(launch.scratch_floats, dtype=torch.float32, device=x.device)
     ws = scratch.data_ptr()
@@ -1004,37 +1081,41 @@ class _EagerGroupNorm(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, num_groups, eps, act, passes):
+    def forward(ctx, x, weight, bias, num_groups, eps, act, passes, wide=None):
         w, b = _dense(weight), _dense(bias)
         if _records or _poison or _traces:
             rstd_at, floats = _stats_layout(x.shape[0] * num_groups)
             stats = torch.empty(floats, dtype=torch.float32, device=x.device)
-            y, _, _ = forward(x, w, b, num_groups, eps, act, passes, _stats_views(stats, num_groups, rstd_at))
+            views = _stats_views(stats, num_groups, rstd_at)
+            y, _, _ = forward(x, w, b, num_groups, eps, act, passes, views, wide)
         else:
-            y, stats, rstd_at = _forward_lean(x, w, b, num_groups, eps, act, passes)
+            y, stats, rstd_at = _forward_lean(x, w, b, num_groups, eps, act, passes, wide)
         ctx.save_for_backward(x, weight, bias, stats)
-        ctx.gn = (num_groups, eps, act, passes, rstd_at)
+        ctx.gn = (num_groups, eps, act, passes, rstd_at, wide)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, stats = ctx.saved_tensors
-        num_groups, eps, act, passes, rstd_at = ctx.gn
+        num_groups, eps, act, passes, rstd_at, wide = ctx.gn
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         want_w, want_b = need_w and weight is not None, need_b and bias is not None
         w, b = _dense(weight), _dense(bias)
+        if wide is not None and dy.dtype != wide:  # (autograd hands y's dtype; anything else is cast)
+            dy = dy.to(wide)
         if _records or _poison or _traces:
             mean, rstd = _stats_views(stats, num_groups, rstd_at)
-            dx, dw, db = backward(dy, x, w, b, mean, rstd, num_groups, eps, act, passes)
+            dx, dw, db = backward(dy, x, w, b, mean, rstd, num_groups, eps, act, passes, wide)
         else:
             mean = stats.data_ptr()
             dx, dw, db = _backward_lean(
-                dy, x, w, b, mean, mean + rstd_at, num_groups, eps, act, passes, want_w, want_b
+                dy, x, w, b, mean, mean + rstd_at, num_groups, eps, act, passes, want_w, want_b, wide
             )
         return (
             dx if need_x else None,
             dw if want_w else None,
             db if want_b else None,
+            None,
             None,
             None,
             None,
@@ -1090,6 +1171,39 @@ def group_norm_eager(
             return _EagerGroupNorm.apply(x, weight, bias, num_groups, eps, act, passes)
         return _function_apply(x, weight, bias, num_groups, eps, act, passes)
     return forward_nograd(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
+
+
+def group_norm_wide(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    act: int,
+    passes: int,
+) -> torch.Tensor | None:
+    """Autocast's GroupNorm of a float16/bfloat16 `x` without its casts: what torch computes from
+    x.float() (float32 arithmetic, float32 y), read from x as it is, and in the backward dx in x's
+    dtype from the float32 dy (what the cast's backward would round it to). None where the kernels
+    have no wide launch for the call (then the caller casts). weight and bias: float32 or None.
+
+    Eager calls only (no functorch transform, plain tensors), as `group_norm_eager`'s fast route.
+    """
+    if _functorch_active() or _is_functorch_wrapped(x) or _forward_ad._current_level >= 0:
+        return None
+    index = x.get_device()
+    aligned = x.data_ptr() % schedule.VEC_BYTES == 0
+    param = weight if weight is not None else bias
+    wide = torch.float32
+    try:
+        _launch("fwd", x, index, aligned, num_groups, eps, act, passes, param, wide)
+        if not _needs_autograd(x, weight, bias):
+            return forward_nograd(x, _dense(weight), _dense(bias), num_groups, eps, act, passes, wide)
+        # the backward's launch exists too (its dy is copied to an aligned tensor where it is not)
+        _launch("bwd", x, index, aligned, num_groups, eps, act, passes, param, wide)
+    except NoWideLaunch:
+        return None
+    return _function_apply(x, weight, bias, num_groups, eps, act, passes, wide)
 
 
 def group_norm_cuda(

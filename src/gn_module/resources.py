@@ -127,7 +127,10 @@ def readable_name(mangled: str) -> str:
     """``_ZN2gn11fwd_onepassI6__halfLi8EEEv6GnArgs`` -> ``fwd_onepass[fp16,vec8]``.
 
     Only the shapes the kernels use are understood (namespace gn, template arguments that are
-    x dtypes or int literals); every other name is returned unchanged.
+    x dtypes or int literals); every other name is returned unchanged. A type argument after the
+    vector width is the task kernels' wide type (y or dy): left out where it is x's (a mangled
+    substitution or the same code), ``wide`` where it is float32 for a float16/bfloat16 x
+    (``fwd_task_apply[bf16,vec8,wide]``).
     """
     if not mangled.startswith("_ZN2gn"):
         return mangled
@@ -153,9 +156,16 @@ def readable_name(mangled: str) -> str:
                 args.append("true" if lit.group(1) == "1" else "false")
                 pos += len(lit.group(0))
                 continue
+            sub = re.match(r"S\d*_", mangled[pos:])
+            if sub and ints:  # the wide type is x's, mangled as a back-reference
+                pos += len(sub.group(0))
+                continue
             for code, label in _TYPE_CODES.items():
                 if mangled.startswith(code, pos):
-                    args.append(label)
+                    if not ints:
+                        args.append(label)
+                    elif label != args[0]:
+                        args.append("wide")
                     pos += len(code)
                     break
             else:

@@ -417,6 +417,9 @@ class TaskTiling:
     rows_per_tile: int
     tiles_per_task: int
     chunk_rows: int  # rows per shared-memory chunk, a multiple of rows_threads
+    #: Bytes per element of the forward's y / the backward's dy when they are wider than x (float32
+    #: under autocast for a float16/bfloat16 x: the wide launches); 0 when they are x's dtype.
+    wide_itemsize: int = 0
 
     @property
     def tasks(self) -> int:
@@ -440,8 +443,16 @@ class TaskTiling:
 
     @property
     def chunk_bytes(self) -> int:
-        """Shared memory of one chunk slot (16-byte aligned)."""
+        """Shared memory of one chunk of x (16-byte aligned)."""
         return _round_up(self.chunk_rows * self.row_bytes, 16)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Shared memory of one slot: a chunk of x, and in the backward one of dy (csrc TaskSmem)."""
+        if self.direction == "fwd":
+            return self.chunk_bytes
+        dy_itemsize = self.wide_itemsize or self.itemsize
+        return self.chunk_bytes + _round_up(self.chunk_rows * self.window * dy_itemsize, 16)
 
 
 def chunk_rows_per_thread(vec: int, itemsize: int) -> int:
@@ -458,9 +469,11 @@ def task_tiling(
     *,
     batch: int = 1,
     aligned: bool = True,
+    wide_itemsize: int = 0,
 ) -> TaskTiling | None:
     """The task tiling, or None when the task kernels do not cover the shape (a window wider than
-    THREADS vectors, an empty tensor, or 2**31 tasks or rows per tile)."""
+    THREADS vectors, an empty tensor, or 2**31 tasks or rows per tile). `wide_itemsize`: see
+    `TaskTiling.wide_itemsize` (the tiling is x's; a wide backward's slots hold float32 dy)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if channels < 1 or groups < 1 or channels % groups:
@@ -496,6 +509,7 @@ def task_tiling(
         rows_per_tile=rows_per_tile,
         tiles_per_task=-(-rows // rows_per_tile),
         chunk_rows=chunk_rows,
+        wide_itemsize=wide_itemsize if wide_itemsize != itemsize else 0,
     )
 
 
@@ -509,15 +523,14 @@ def task_smem_bytes(t: TaskTiling, slots: int) -> int:
     if t.direction == "bwd":  # the apply launch folds its warps' dweight/dbias strips there (32 each)
         scratch_pairs = max(scratch_pairs, THREADS)
     scratch = scratch_pairs * 8
-    tensors = TENSORS_ON_CHIP[t.direction]
-    return slots * tensors * t.chunk_bytes + scratch + 2 * width * 8 + 2 * t.groups_per_window * 8
+    return slots * t.slot_bytes + scratch + 2 * width * 8 + 2 * t.groups_per_window * 8
 
 
 def task_slots(t: TaskTiling, smem_budget: int) -> int:
     """Chunk slots a block can hold within `smem_budget` bytes (1..MAX_SLOTS; 0 if not even one); a
     backward slot holds a chunk of x and one of dy."""
     fixed = task_smem_bytes(t, 0)
-    return max(0, min(MAX_SLOTS, (smem_budget - fixed) // (TENSORS_ON_CHIP[t.direction] * t.chunk_bytes)))
+    return max(0, min(MAX_SLOTS, (smem_budget - fixed) // t.slot_bytes))
 
 
 def task_smem_budget(limits: DeviceLimits, blocks_per_sm: int = TASK_BLOCKS_PER_SM) -> int:
