@@ -192,8 +192,7 @@ template <typename T, typename TW = T>
 struct TaskSmem {
   T* slot0;
   int slot_elems;  // T elements from one slot to the next
-  TW* wide0;       // slot 0's dy chunk (the backward)
-  int wide_elems;  // TW elements from one slot to the next
+  int dy_bytes;    // from a slot's x chunk to its dy chunk (the backward)
   float2* scratch;
   float2* chan;
   float2* param;
@@ -202,17 +201,16 @@ struct TaskSmem {
   __device__ TaskSmem(const GnArgs& a, int tensors = 1) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int64_t chunk_bytes = (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
-    const int64_t dy_bytes =
+    const int64_t dy_chunk_bytes =
         tensors == 2 ? (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(TW)) + 15) / 16 * 16 : 0;
-    const int64_t slot_bytes = chunk_bytes + dy_bytes;
+    const int64_t slot_bytes = chunk_bytes + dy_chunk_bytes;
     const int width = a.cols_threads * a.vec;
     const int srows = (32 % a.cols_threads) == 0 ? kWarps : a.rows_threads;  // fold_channels' rows
     // the backward's apply launch also folds its warps' dweight/dbias strips there (bwd_param_strip)
     const int scratch_pairs = tensors == 2 ? max(srows * width, kThreads) : srows * width;
     slot0 = reinterpret_cast<T*>(smem);
     slot_elems = static_cast<int>(slot_bytes / static_cast<int64_t>(sizeof(T)));
-    wide0 = reinterpret_cast<TW*>(smem + chunk_bytes);
-    wide_elems = static_cast<int>(slot_bytes / static_cast<int64_t>(sizeof(TW)));
+    dy_bytes = static_cast<int>(chunk_bytes);
     unsigned char* p = smem + a.slots * slot_bytes;
     scratch = reinterpret_cast<float2*>(p);
     p += static_cast<int64_t>(scratch_pairs) * 8;
@@ -225,6 +223,18 @@ struct TaskSmem {
     coef = reinterpret_cast<float2*>(p);
   }
 };
+
+// A thread's dy in a slot, from its x there: one byte offset per thread (x's place in the slot plus
+// the x chunk, then its place again at dy's element size), so the pair costs the row loops no more
+// registers than the x pointer.
+template <typename T, typename TW>
+__device__ __forceinline__ int dy_delta(const TaskSmem<T, TW>& sm, int place) {
+  return sm.dy_bytes + place * static_cast<int>(sizeof(TW) - sizeof(T));
+}
+template <typename T, typename TW>
+__device__ __forceinline__ const TW* dy_at(const T* x_place, int delta) {
+  return reinterpret_cast<const TW*>(reinterpret_cast<const unsigned char*>(x_place) + delta);
+}
 
 // A thread's place in a chunk: one column of V channels, rows `row`, `row + rows_threads`, ... The
 // thread copies, reduces and applies exactly these elements of every chunk, so the chunk slots
@@ -339,6 +349,14 @@ __device__ void fold_channels(const GnArgs& a, const TaskLane& lane, const Sm& s
     sm.chan[i] = acc;
   }
   __syncthreads();
+}
+
+// fold_channels out of line: the wide backward's stats kernel (float32 dy) spilled on sm_120 with it
+// inlined; out of line its sums pass through an 80-byte stack frame once per tile instead.
+template <typename Sm, int V>
+__device__ __noinline__ void fold_channels_outlined(const GnArgs& a, const TaskLane& lane, const Sm& sm,
+                                                    float (&s1)[V], float (&s2)[V]) {
+  fold_channels(a, lane, sm, s1, s2);
 }
 
 // Ends a forward tile: the per-channel sums (fold_channels), then per group over its channels in
@@ -775,7 +793,7 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   const int place = lane.row * static_cast<int>(a.window) + lane.col * V;  // this thread's, in a chunk
   T* mine = sm.slot0 + place;
-  TW* dmine = sm.wide0 + place;
+  const int dd = dy_delta(sm, place);
   BwdCoefs<V> k;
   float s1[V], s2[V];
 #pragma unroll
@@ -788,20 +806,24 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         if (!lane.active) return;
         const int64_t off = tc.offset(q);
         const int limit = tc.limit(q);
-        copy_rows<T, V>(x + off, gstep, mine + slot * sm.slot_elems, sstep, rt, limit);
-        copy_rows<TW, V, R>(dy + off, gstep, dmine + slot * sm.wide_elems, sstep, rt, limit);
+        T* s = mine + slot * sm.slot_elems;
+        copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
+        copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit);
       },
       [&] { load_bwd_coefs(a, task, sm, lane.col, k); },
       [&](int q, int slot) {
         if (lane.active) {
           const T* s = mine + slot * sm.slot_elems;
-          const TW* d = dmine + slot * sm.wide_elems;
           with_act(a.act, [&](auto act) {
-            accumulate_rows_bwd<T, V, decltype(act)::value>(s, d, sstep, rt, tc.limit(q), k, s1, s2);
+            accumulate_rows_bwd<T, V, decltype(act)::value>(s, dy_at<T, TW>(s, dd), sstep, rt, tc.limit(q), k, s1, s2);
           });
         }
         if (++in_tile == cpt) {
-          fold_channels(a, lane, sm, s1, s2);
+          if constexpr (sizeof(TW) == sizeof(T)) {
+            fold_channels(a, lane, sm, s1, s2);
+          } else {
+            fold_channels_outlined(a, lane, sm, s1, s2);
+          }
           write_tile_partials(a, sm.chan, sm.param, parts + tile * a.window, gparts + tile * gw);
           in_tile = 0;
           ++tile;
@@ -962,15 +984,16 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   const int place = lane.row * static_cast<int>(a.window) + lane.col * V;  // this thread's, in a chunk
   T* mine = sm.slot0 + place;
-  TW* dmine = sm.wide0 + place;
+  const int dd = dy_delta(sm, place);
   const int fresh = chunks - kept;  // chunk pairs [0, fresh) are read again; the last `kept` are in their slots
   auto read_into = [&](int q, int slot) {
     if (q < 0 || q >= fresh) return 0;
     if (lane.active) {
       const int64_t off = tc.offset(q);
       const int limit = tc.limit(q);
-      copy_rows<T, V>(x + off, gstep, mine + slot * sm.slot_elems, sstep, rt, limit);
-      copy_rows<TW, V, R>(dy + off, gstep, dmine + slot * sm.wide_elems, sstep, rt, limit);
+      T* s = mine + slot * sm.slot_elems;
+      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
+      copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit);
     }
     return 1;
   };
@@ -980,8 +1003,8 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   };
   const int reads = walk_ring_backwards(chunks, slots, read_into, started, [&](int q, int slot) {
     if (!lane.active) return;
-    apply_rows_bwd<T, V, kAct>(mine + slot * sm.slot_elems, dmine + slot * sm.wide_elems, sstep, dx + tc.offset(q),
-                               gstep, rt, tc.limit(q), k, ka, kb);
+    const T* s = mine + slot * sm.slot_elems;
+    apply_rows_bwd<T, V, kAct>(s, dy_at<T, TW>(s, dd), sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);
   });
   __syncthreads();  // sm.* are rewritten for the next task
   return reads;
