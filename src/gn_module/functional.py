@@ -327,16 +327,17 @@ def _under_cuda_autocast(x: object) -> bool:
     return type(x) is torch.Tensor and x.is_cuda and torch.is_autocast_enabled("cuda")
 
 
-def _autocast_float32(x: torch.Tensor, weight: object, bias: object) -> tuple[torch.Tensor, object, object]:
-    """What CUDA autocast does to group_norm's arguments: every floating tensor but float64 cast to
+def _float32_param(t: object) -> object:
+    """What CUDA autocast does to one of group_norm's arguments: a floating tensor but float64 cast to
     float32 (autocast casts CUDA tensors; a weight elsewhere fails torch's device check either way)."""
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+        return t.float()
+    return t
 
-    def cast(t: object) -> object:
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
-            return t.float()
-        return t
 
-    return cast(x), cast(weight), cast(bias)  # type: ignore[return-value]
+def _autocast_float32(x: torch.Tensor, weight: object, bias: object) -> tuple[torch.Tensor, object, object]:
+    """What CUDA autocast does to group_norm's arguments (`_float32_param` for each)."""
+    return _float32_param(x), _float32_param(weight), _float32_param(bias)  # type: ignore[return-value]
 
 
 #: GN_WIDE_AUTOCAST=1: under CUDA autocast, the kernels read a float16/bfloat16 x as it is and write
@@ -358,7 +359,7 @@ def _wide_autocast(
     """The wide kernels' result under autocast (`ENV_WIDE_AUTOCAST`), or None to cast as before."""
     if os.environ.get(ENV_WIDE_AUTOCAST) != "1" or x.dtype not in REDUCED_DTYPES:
         return None
-    _, weight, bias = _autocast_float32(x, weight, bias)
+    weight, bias = _float32_param(weight), _float32_param(bias)
     codes = _fast_route(x, num_groups, weight, bias, eps, act, passes)
     if codes is None:
         return None
