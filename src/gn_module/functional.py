@@ -340,11 +340,16 @@ def _autocast_float32(x: torch.Tensor, weight: object, bias: object) -> tuple[to
     return _float32_param(x), _float32_param(weight), _float32_param(bias)  # type: ignore[return-value]
 
 
-#: GN_WIDE_AUTOCAST=1: under CUDA autocast, the kernels read a float16/bfloat16 x as it is and write
-#: float32 y (and take float32 dy, giving dx in x's dtype) instead of running on a float32 copy of x:
-#: the same arithmetic, without the two casts and the copy saved for backward. Opt-in until the GPU
-#: suite has passed on it.
+#: Under CUDA autocast the kernels read a float16/bfloat16 x as it is and write float32 y (and take
+#: float32 dy, giving dx in x's dtype) instead of running on a float32 copy of x: the same arithmetic,
+#: without the two casts and the float32 copy saved for backward (the "wide" launches; H200, bf16
+#: training steps: RESULTS.md session 10). GN_WIDE_AUTOCAST=0 casts as before.
 ENV_WIDE_AUTOCAST = "GN_WIDE_AUTOCAST"
+
+
+def wide_autocast_enabled() -> bool:
+    """Whether autocast calls take the wide launches (`ENV_WIDE_AUTOCAST`, on unless "0")."""
+    return os.environ.get(ENV_WIDE_AUTOCAST, "1") != "0"
 
 
 def _wide_autocast(
@@ -357,7 +362,7 @@ def _wide_autocast(
     passes: object,
 ) -> torch.Tensor | None:
     """The wide kernels' result under autocast (`ENV_WIDE_AUTOCAST`), or None to cast as before."""
-    if os.environ.get(ENV_WIDE_AUTOCAST) != "1" or x.dtype not in REDUCED_DTYPES:
+    if x.dtype not in REDUCED_DTYPES or not wide_autocast_enabled():
         return None
     weight, bias = _float32_param(weight), _float32_param(bias)
     codes = _fast_route(x, num_groups, weight, bias, eps, act, passes)

@@ -1,8 +1,8 @@
-"""GPU tests of the wide launches under CUDA autocast (GN_WIDE_AUTOCAST=1): a float16/bfloat16 x read as
-it is, float32 y out, float32 dy in and dx in x's dtype, which is what torch computes from x.float()
-under autocast. fp64 agreement with poisoned outputs, the launch record (the wide plan ran), bitwise
-invariance across residency caps and forward schedules, agreement with the cast path, and the
-fallback where no wide launch exists."""
+"""GPU tests of the wide launches under CUDA autocast (the default; GN_WIDE_AUTOCAST=0 casts): a
+float16/bfloat16 x read as it is, float32 y out, float32 dy in and dx in x's dtype, which is what torch
+computes from x.float() under autocast. fp64 agreement with poisoned outputs, the launch record (the wide
+plan ran), bitwise invariance across residency caps and forward schedules, agreement with the cast path,
+and the fallback where no wide launch exists."""
 
 from __future__ import annotations
 

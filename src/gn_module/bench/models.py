@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from gn_module import functional
 from gn_module.bench.cli import EXIT_NO_CUDA, _csv
 from gn_module.bench.gn_share import CPU_SOURCE, GnShare, profile_gn
 from gn_module.bench.model_zoo import MODEL_NAMES, MODELS, Batch, ModelSpec, _error_text
@@ -918,6 +919,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=info,
         settings={
             **{k: v for k, v in asdict(settings).items() if v is not None},
+            "wide_autocast": functional.wide_autocast_enabled(),
             "optimizer": f"AdamW(lr={LR})",
             "cudnn_benchmark": device.type == "cuda",
         },
