@@ -1,5 +1,6 @@
 """A small workload for compute-sanitizer: both schedules, forward and backward, caps 1, 7 and
-natural, every dtype, with and without SiLU and affine parameters. Exits non-zero on a wrong result."""
+natural, every dtype, with and without SiLU and affine parameters, and the wide launches under CUDA
+autocast (float16/bfloat16 x, float32 y and dy). Exits non-zero on a wrong result."""
 
 from __future__ import annotations
 
@@ -11,23 +12,38 @@ import gn_module
 from gn_module import reference
 
 
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def check(x: torch.Tensor, groups: int, dy: torch.Tensor, autocast: torch.dtype | None) -> None:
+    """Our y and dx (SiLU, float32 weight and bias) against fp64, at both schedules and three caps;
+    under `autocast` (the wide launches: y float32) when given."""
+    w = torch.randn(x.shape[1], device="cuda")
+    b = torch.randn(x.shape[1], device="cuda")
+    ref_y, ref_dx, _, _ = reference.forward_backward(x, groups, w, b, 1e-5, "silu", dy)
+    y_dtype = x.dtype if autocast is None else torch.float32
+    for passes in (1, 2):
+        for cap in (1, 7, None):
+            xr = x.detach().requires_grad_(True)
+            label = f"{x.dtype} {autocast=} {passes=} {cap=}"
+            with gn_module.max_resident_blocks(cap) if cap else contextlib.nullcontext():
+                with torch.autocast("cuda", dtype=autocast or torch.float16, enabled=autocast is not None):
+                    y = gn_module.group_norm(xr, groups, w, b, act="silu", passes=passes)
+                (dx,) = torch.autograd.grad(y, xr, dy)
+            reference.compare(y, ref_y, y_dtype, f"y {label}")
+            reference.compare(dx, ref_dx, x.dtype, f"dx {label}")
+
+
 def main() -> None:
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for shape, groups in (((2, 64, 24, 20), 8), ((1, 96, 9, 11), 32)):
-            x = torch.randn(shape, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
-            w = torch.randn(shape[1], device="cuda")
-            b = torch.randn(shape[1], device="cuda")
-            dy = torch.randn_like(x)
-            ref_y, ref_dx, _, _ = reference.forward_backward(x, groups, w, b, 1e-5, "silu", dy)
-            for passes in (1, 2):
-                for cap in (1, 7, None):
-                    xr = x.detach().requires_grad_(True)
-                    with gn_module.max_resident_blocks(cap) if cap else contextlib.nullcontext():
-                        y = gn_module.group_norm(xr, groups, w, b, act="silu", passes=passes)
-                        (dx,) = torch.autograd.grad(y, xr, dy)
-                    reference.compare(y, ref_y, dtype, f"y {dtype} {passes=} {cap=}")
-                    reference.compare(dx, ref_dx, dtype, f"dx {dtype} {passes=} {cap=}")
+            x = channels_last(torch.randn(shape, device="cuda").to(dtype))
+            check(x, groups, torch.randn_like(x), None)
+    for dtype in (torch.float16, torch.bfloat16):  # the wide launches: float32 y and dy
+        x = channels_last(torch.randn((2, 128, 24, 20), device="cuda").to(dtype))
+        check(x, 32, channels_last(torch.randn(x.shape, device="cuda")), dtype)
     torch.cuda.synchronize()
     print("sanitize workload: all results correct")
 
