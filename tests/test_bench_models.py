@@ -417,6 +417,41 @@ def test_criteria_speedup_vae_and_memory() -> None:
     assert statuses([fake_row(12.0, 9.0, None)])["vae", "bf16", "eager", "speedup"] == "n/a"
 
 
+def test_gn_free_bound_lowers_a_speedup_target_to_its_limit_fraction() -> None:
+    """--gn-free: baseline ms / GN-free channels_last ms bounds any swap on channels_last; a speedup target
+    above 0.9 x that bound becomes 0.9 x the bound (issue 13's rule for measured limits)."""
+    low = fake_row(12.0, 10.0, 10.4)  # NCHW baseline 10 ms; the GN-free channels_last step 11 ms
+    low.measurements[bm.GN_FREE] = fake(bm.GN_FREE, 11.0)
+    assert low.gn_free_bound == pytest.approx(10.0 / 11.0)
+    checks = {c.target: c for c in bm.check_criteria([low])}
+    limited = next(t for t in checks if t.startswith("speedup, 0.9 x the GN-free bound 0.91x (target 1)"))
+    assert checks[limited].threshold == pytest.approx(0.9 * 10.0 / 11.0, abs=1e-3)
+    assert checks[limited].status == "PASS"  # 10 / 10.4 = 0.96 >= 0.82
+    vae = next(t for t in checks if t.startswith("speedup (AutoencoderKL-style VAE, bf16), 0.9 x"))
+    assert checks[vae].threshold == checks[limited].threshold
+    high = fake_row(12.0, 10.0, 9.0)  # the bound 2x: the targets stand
+    high.measurements[bm.GN_FREE] = fake(bm.GN_FREE, 5.0)
+    targets = {c.target: c.threshold for c in bm.check_criteria([high])}
+    assert targets["speedup"] == bm.EAGER_SPEEDUP_MIN
+    assert targets["speedup (AutoencoderKL-style VAE, bf16)"] == bm.VAE_BF16_SPEEDUP_MIN
+    assert fake_row(12.0, 10.0, 9.0).gn_free_bound is None  # not measured: no bound
+    header, body = bm.table([low, high])
+    assert header[8:10] == ["GN-free CL ms", "GN-free bound"] and body[0][8:10] == ["11.00", "0.91x"]
+
+
+def test_without_groupnorm_keeps_the_activation() -> None:
+    class NormAct(nn.GroupNorm):  # timm's GroupNormAct: GroupNorm with its activation module
+        def __init__(self) -> None:
+            super().__init__(2, 4)
+            self.act = nn.SiLU()
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.GroupNorm(2, 4), nn.Sequential(NormAct(), nn.ReLU()))
+    bm.without_groupnorm(model)
+    assert [type(m).__name__ for m in model.modules()] == [
+        "Sequential", "Conv2d", "Identity", "Sequential", "SiLU", "ReLU"
+    ]  # fmt: skip
+
+
 def test_criteria_compile_rows_check_memory_only_and_cpu_runs_are_not_judged() -> None:
     compiled = fake_row(12.0, 9.0, 6.0, compiled=True)
     assert list(statuses([compiled])) == [("vae", "bf16", "compile", "peak memory swapped / baseline")]
@@ -522,6 +557,19 @@ def test_cli_tiny_cpu_rows(tmp_path: Path) -> None:
     assert {c["status"] for c in data["criteria"]} == {"reported"}
     assert data["criteria_summary"]["reported"] == len(data["criteria"]) == 4 * 3 + 1  # + vae bf16 1.6x
     assert "Model criteria (issue 13): 13 reported, not judged (CPU run):" in md
+
+
+def test_cli_gn_free_rows(tmp_path: Path) -> None:
+    rc, data, md = run_json(
+        tmp_path, "--models", "vae", "--precisions", "fp32", "--gn-free", "--profile-gn", "0"
+    )
+    assert rc == 0 and data["settings"]["gn_free"] is True
+    (row,) = data["rows"]
+    free = row["measurements"][bm.GN_FREE]
+    assert free["median_ms"] > 0 and len(free["times_ms"]) == 2 and free["conversion"] is None
+    assert row["gn_free_ms"] == free["median_ms"]
+    assert row["gn_free_bound"] == pytest.approx(row["baseline_ms"] / free["median_ms"])
+    assert "| GN-free CL ms | GN-free bound |" in md and "GN-free bound = baseline ms / GN-free CL ms" in md
 
 
 def test_cli_fuse_calls_and_compile(tmp_path: Path) -> None:
