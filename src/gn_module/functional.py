@@ -330,8 +330,8 @@ def _under_cuda_autocast(x: object) -> bool:
 def _float32_param(t: object) -> object:
     """What CUDA autocast does to one of group_norm's arguments: a floating tensor but float64 cast to
     float32 (autocast casts CUDA tensors; a weight elsewhere fails torch's device check either way)."""
-    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
-        return t.float()
+    if isinstance(t, torch.Tensor) and t.dtype is not torch.float32 and t.is_floating_point():
+        return t if t.dtype is torch.float64 else t.float()
     return t
 
 
