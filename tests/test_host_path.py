@@ -832,3 +832,53 @@ def test_host_overhead_cpu_mode(tmp_path):
 def test_host_overhead_gpu_mode_needs_cuda():
     with pytest.raises(SystemExit, match="no CUDA device"):
         host_overhead.main([])
+
+
+# ---------------------------------------------------------------- autocast's wide launches
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "nograd"])
+def test_autocast_takes_the_wide_launches(train_stub, monkeypatch, dtype, grad):
+    """Under CUDA autocast (faked on the CPU) a float16/bfloat16 x goes to the kernels as it is: the
+    launches carry x's dtype and wide_dtype float32, y is float32, dx x's dtype; the backward's float32
+    dy arrives in x's layout. GN_WIDE_AUTOCAST=0 casts x to float32 first (every dtype field float32)."""
+    monkeypatch.setattr(functional, "_under_cuda_autocast", lambda x: True)
+    monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd")
+    x = _leaf(cl(dtype=dtype), grad)
+    w, b = (_leaf(p, grad) for p in params(dtype=torch.float32))
+    start = len(_stub_calls())
+    with torch.set_grad_enabled(grad):
+        y = gn_module.group_norm(x, 32, w, b, act="silu")
+    assert y.dtype == torch.float32 and y.stride() == x.stride()
+    direction, f = launch_fields(train_stub)
+    code = _abi.DTYPE_CODES[str(dtype).replace("torch.", "")]
+    assert direction == "fwd" and (f["dtype"], f["wide_dtype"], f["w_dtype"]) == (code, 0, 0)
+    if grad:
+        dx, dw, db = torch.autograd.grad(y, (x, w, b), torch.randn_like(y))
+        assert dx.dtype == dtype and dw.dtype == db.dtype == torch.float32
+        direction, f = launch_fields(train_stub)
+        assert direction == "bwd" and (f["dtype"], f["wide_dtype"]) == (code, 0)
+    assert len(_stub_calls()) - start == (2 if grad else 1)
+    monkeypatch.setenv(functional.ENV_WIDE_AUTOCAST, "0")
+    y = gn_module.group_norm(x, 32, w, b, act="silu")
+    _, f = launch_fields(train_stub)
+    assert y.dtype == torch.float32 and (f["dtype"], f["wide_dtype"]) == (0, 0)
+
+
+def test_autocast_without_a_wide_launch_casts(train_stub, monkeypatch):
+    """C=100 in bf16 has no 16-byte vectors, so no wide launch: x is cast to float32 and nothing else
+    is launched for the call (the backward's wide launch is checked before the forward's kernels)."""
+    monkeypatch.setattr(functional, "_under_cuda_autocast", lambda x: True)
+    monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd")
+    x = _leaf(cl((2, 100, 8, 8), torch.bfloat16))
+    w, b = (_leaf(p) for p in params(100, torch.float32))
+    start = len(_stub_calls())
+    y = gn_module.group_norm(x, 10, w, b, act="silu")
+    assert [c[0] for c in _stub_calls()[start:]] == ["fwd"]
+    _, f = launch_fields(train_stub)
+    assert y.dtype == torch.float32 and (f["dtype"], f["wide_dtype"]) == (0, 0)
+    monkeypatch.setenv(ops.ENV_ARCH, "tiles")  # the tile kernels have no wide launch either
+    x = _leaf(cl((2, 64, 8, 8), torch.bfloat16))
+    w, b = (_leaf(p) for p in params(64, torch.float32))
+    gn_module.group_norm(x, 32, w, b)
+    _, f = launch_fields(train_stub)
+    assert (f["dtype"], f["wide_dtype"], f["arch"]) == (0, 0, 1)

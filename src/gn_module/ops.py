@@ -1083,6 +1083,10 @@ class _EagerGroupNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, num_groups, eps, act, passes, wide=None):
         w, b = _dense(weight), _dense(bias)
+        if wide is not None:  # a wide forward needs a wide backward (NoWideLaunch before any launch)
+            aligned = x.data_ptr() % schedule.VEC_BYTES == 0  # (a misaligned dy is copied: backward)
+            param = w if w is not None else b
+            _launch("bwd", x, x.get_device(), aligned, num_groups, eps, act, passes, param, wide)
         if _records or _poison or _traces:
             rstd_at, floats = _stats_layout(x.shape[0] * num_groups)
             stats = torch.empty(floats, dtype=torch.float32, device=x.device)
@@ -1191,19 +1195,14 @@ def group_norm_wide(
     """
     if _functorch_active() or _is_functorch_wrapped(x) or _forward_ad._current_level >= 0:
         return None
-    index = x.get_device()
-    aligned = x.data_ptr() % schedule.VEC_BYTES == 0
-    param = weight if weight is not None else bias
-    wide = torch.float32
-    try:
-        _launch("fwd", x, index, aligned, num_groups, eps, act, passes, param, wide)
+    try:  # (NoWideLaunch comes before any allocation or launch)
         if not _needs_autograd(x, weight, bias):
-            return forward_nograd(x, _dense(weight), _dense(bias), num_groups, eps, act, passes, wide)
-        # the backward's launch exists too (its dy is copied to an aligned tensor where it is not)
-        _launch("bwd", x, index, aligned, num_groups, eps, act, passes, param, wide)
+            return forward_nograd(
+                x, _dense(weight), _dense(bias), num_groups, eps, act, passes, torch.float32
+            )
+        return _function_apply(x, weight, bias, num_groups, eps, act, passes, torch.float32)
     except NoWideLaunch:
         return None
-    return _function_apply(x, weight, bias, num_groups, eps, act, passes, wide)
 
 
 def group_norm_cuda(
