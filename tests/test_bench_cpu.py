@@ -145,6 +145,10 @@ def test_bytes_moved() -> None:
         bench_cases.bytes_moved(c, "fp16", "sideways")
     with pytest.raises(ValueError):
         bench_cases.bytes_moved(c, "int8", "fwd")
+    # autocast rows: 16-bit x and dx, float32 y and dy
+    assert bench_cases.bytes_moved(c, "bf16-autocast", "fwd") == 8192 * (2 + 4)
+    assert bench_cases.bytes_moved(c, "fp16-autocast", "bwd") == 8192 * (2 + 4 + 2)
+    assert c.nbytes("bf16-autocast") == 8192 * 2  # a row's size class is x's
 
 
 def test_size_classes_of_the_table() -> None:
@@ -513,6 +517,34 @@ def test_prepare_eager_and_ours_forward_agree_on_cpu() -> None:
     ref = torch.nn.functional.silu(torch.nn.functional.group_norm(x, 4, eager.tensors[1], eager.tensors[2]))
     torch.testing.assert_close(eager.fn(), ref)
     torch.testing.assert_close(ours.fn(), ref)
+
+
+def test_prepare_autocast_rows_run_every_call_under_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An autocast row: bf16 x, float32 weight and bias, the call (and the backward's forward) under
+    autocast on the row's device, whose output dtype the timed call returns."""
+    seen = []
+    real = bench_impls.reference
+
+    def spy(x, groups, weight, bias, act):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real(x, groups, weight, bias, act)
+
+    monkeypatch.setattr(bench_impls, "reference", spy)
+    fwd = bench_impls.prepare("eager", TINY, "bf16-autocast", "fwd", "cpu")
+    x, w, b = fwd.tensors
+    assert x.dtype == torch.bfloat16 and w.dtype == b.dtype == torch.float32
+    y = fwd.fn()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = real(x, 4, w, b, "silu")
+    assert y.dtype == expected.dtype and torch.equal(y, expected)
+    bwd = bench_impls.prepare("eager", TINY, "bf16-autocast", "bwd", "cpu")
+    dx, dw, db = bwd.fn()
+    assert dx.dtype == torch.bfloat16 and dw.dtype == db.dtype == torch.float32
+    assert seen and all(s == (True, torch.bfloat16) for s in seen)
+    plain = bench_impls.prepare("eager", TINY, "bf16", "fwd", "cpu")
+    seen.clear()
+    plain.fn()
+    assert seen == [(False, torch.get_autocast_dtype("cpu"))]
 
 
 def test_prepare_backward_times_autograd_grad_repeatedly() -> None:

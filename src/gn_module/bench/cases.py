@@ -30,10 +30,17 @@ DTYPES = ("fp16", "bf16")
 IMPLS = ("ours-auto", "ours-1pass", "ours-2pass", "eager", "compile-cl", "compile-nchw")
 OURS = "ours-auto"
 COMPILE_IMPLS = ("compile-cl", "compile-nchw")
-ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
+#: Autocast rows (opt-in, --dtypes bf16-autocast): x in the 16-bit dtype named, weight and bias float32,
+#: every implementation called under CUDA autocast, so y and dy are float32 as torch's GroupNorm gives
+#: them there (ours: the wide launches; torch: x cast to float32, then its float32 kernels).
+AUTOCAST_DTYPES = {"fp16-autocast": "fp16", "bf16-autocast": "bf16"}
+ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp16-autocast": 2, "bf16-autocast": 2}
+ALL_DTYPES = ("fp16", "bf16", "fp32", *AUTOCAST_DTYPES)
 DIRECTIONS = ("fwd", "bwd")
 #: Minimum tensors moved: forward reads x, writes y; backward reads x and dy, writes dx.
 TENSORS_MOVED = {"fwd": 2, "bwd": 3}
+#: Bytes per element of y and dy in the autocast rows (float32).
+AUTOCAST_WIDE_BYTES = 4
 
 MIB = 1 << 20
 
@@ -118,9 +125,13 @@ def select_cases(
 
 
 def bytes_moved(case: Case, dtype: str, direction: str) -> int:
-    """Minimum bytes a GroupNorm must move (weights and statistics are negligible and left out)."""
+    """Minimum bytes a GroupNorm must move (weights and statistics are negligible and left out). An
+    autocast row's y and dy are float32: forward x + float32 y, backward x + float32 dy + dx."""
     if direction not in TENSORS_MOVED:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if dtype in AUTOCAST_DTYPES:
+        wide = case.numel * AUTOCAST_WIDE_BYTES
+        return (TENSORS_MOVED[direction] - 1) * case.nbytes(dtype) + wide
     return TENSORS_MOVED[direction] * case.nbytes(dtype)
 
 

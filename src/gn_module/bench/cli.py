@@ -18,7 +18,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from gn_module.bench.cases import CASES, DIRECTIONS, DTYPES, IMPLS, QUICK_NAMES, Case, select_cases
+from gn_module.bench.cases import (
+    ALL_DTYPES,
+    CASES,
+    DIRECTIONS,
+    DTYPES,
+    IMPLS,
+    QUICK_NAMES,
+    Case,
+    select_cases,
+)
 from gn_module.bench.results import Result
 from gn_module.bench.targets import check_targets
 
@@ -55,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shapes", help="comma-separated substrings of shape names to keep, e.g. '1x128x1024,G16'"
     )
-    p.add_argument("--dtypes", type=_csv(("fp16", "bf16", "fp32")), help="default fp16,bf16 (quick: fp16)")
+    p.add_argument(
+        "--dtypes",
+        type=_csv(ALL_DTYPES),
+        help="default fp16,bf16 (quick: fp16); fp16-autocast / bf16-autocast: 16-bit x, float32 weight and "
+        "bias, every implementation under CUDA autocast (float32 y and dy)",
+    )
     p.add_argument("--directions", type=_csv(DIRECTIONS), default=list(DIRECTIONS), help="default fwd,bwd")
     p.add_argument("--impls", type=_csv(IMPLS), default=list(IMPLS), help=f"default {','.join(IMPLS)}")
     p.add_argument(

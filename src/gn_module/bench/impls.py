@@ -14,6 +14,10 @@ bias in x's dtype, on the same data:
 Forward timing: one call under ``torch.no_grad()`` (inference forward; the compiled variants compile
 an inference graph for it).
 
+Autocast rows (``bf16-autocast``, ``fp16-autocast``): x in the 16-bit dtype, weight and bias float32,
+every call (and the backward's forward) under ``torch.autocast("cuda")``: y and dy are float32, as
+torch's GroupNorm returns there. Ours runs its wide launches; torch casts x to float32 first.
+
 Backward timing: the forward runs once, outside timing, with x, weight and bias requiring grad; the timed
 call is ``torch.autograd.grad(y, (x, weight, bias), dy, retain_graph=True)``. It runs exactly the backward
 kernels of the graph: dx, dweight and dbias (and SiLU's backward where present). For torch.compile this is
@@ -24,11 +28,12 @@ i.e. during warm-up). Donated buffers are turned off for compiled graphs because
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gn_module.bench.cases import IMPLS, Case
+from gn_module.bench.cases import AUTOCAST_DTYPES, IMPLS, Case
 
 EPS = 1e-5
 PASSES = {"ours-auto": "auto", "ours-1pass": 1, "ours-2pass": 2}
@@ -59,7 +64,7 @@ def torch_dtype(name: str) -> Any:
 
     table = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     try:
-        return table[name]
+        return table[AUTOCAST_DTYPES.get(name, name)]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(table)}") from None
 
@@ -73,7 +78,8 @@ def reference(x: Any, groups: int, weight: Any, bias: Any, act: str | None) -> A
 
 
 def make_inputs(case: Case, dtype: str, device: Any, *, seed: int = 0) -> tuple[Any, Any, Any]:
-    """channels_last (or channels_last_3d) x with unit-ish statistics, and weight/bias in x's dtype."""
+    """channels_last (or channels_last_3d) x with unit-ish statistics, and weight/bias in x's dtype
+    (float32 in the autocast rows)."""
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -84,9 +90,19 @@ def make_inputs(case: Case, dtype: str, device: Any, *, seed: int = 0) -> tuple[
     x = torch.empty(case.shape, dtype=td, device=device, memory_format=fmt)
     x.normal_(0.5, 2.0, generator=gen)
     c = case.shape[1]
-    weight = torch.empty(c, dtype=td, device=device).normal_(1.0, 0.1, generator=gen)
-    bias = torch.empty(c, dtype=td, device=device).normal_(0.0, 0.1, generator=gen)
+    pd = torch.float32 if dtype in AUTOCAST_DTYPES else td
+    weight = torch.empty(c, dtype=pd, device=device).normal_(1.0, 0.1, generator=gen)
+    bias = torch.empty(c, dtype=pd, device=device).normal_(0.0, 0.1, generator=gen)
     return x, weight, bias
+
+
+def autocast_context(dtype: str, device: Any) -> contextlib.AbstractContextManager:
+    """CUDA autocast to the row's 16-bit dtype for an autocast row, else nothing."""
+    import torch
+
+    if dtype not in AUTOCAST_DTYPES:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch_dtype(dtype))
 
 
 def make_op(
@@ -150,12 +166,13 @@ def prepare(
     if direction == "fwd":
 
         def forward() -> object:
-            with torch.no_grad():
+            with torch.no_grad(), autocast_context(dtype, x.device):
                 return op(x, weight, bias)
 
         return Prepared(forward, with_launch(plan, forward, direction), (x, weight, bias))
     leaves = tuple(t.requires_grad_() for t in (x, weight, bias))
-    y = op(*leaves)
+    with autocast_context(dtype, x.device):
+        y = op(*leaves)
     # the same logical dy for every impl (drawn channels_last), stored with y's strides
     gen = torch.Generator(device=y.device).manual_seed(seed + 1)
     drawn = torch.empty(x.shape, dtype=y.dtype, device=y.device, memory_format=_cl(x)).normal_(generator=gen)
@@ -218,8 +235,10 @@ def plan_info(impl: str, case: Case, dtype: str, direction: str, device: Any) ->
         return None
     td = torch_dtype(dtype)
 
+    wide = {"wide": torch_dtype("fp32")} if dtype in AUTOCAST_DTYPES else {}
+
     def make(schedule: Any) -> dict[str, Any]:
-        return _plan_dict(planner(case.shape, case.groups, td, direction, schedule, device=device))
+        return _plan_dict(planner(case.shape, case.groups, td, direction, schedule, device=device, **wide))
 
     passes = PASSES[impl]
     try:
