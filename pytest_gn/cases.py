@@ -45,6 +45,11 @@ per member over the slots a block keeps) and backward cases (`pytest_gn.tasks_bw
 ratio, dtype, act) numbered forward first; then the backward's one-launch kernel's cells (arch
 ``tasks1``, ids ``bwd-tasks1-...``, ``GN_ARCH=tasks+bwd1``: the ratio counts the busiest member's chunk
 pairs over the slots a block keeps, as the forward's), numbered last so the others keep their numbers.
+``wide`` (opt-in) adds the task kernels' wide launches (arch ``tasksw``, ids ``fwd-tasksw-...`` and
+``bwd-tasksw-...``, ``GN_ARCH=tasks+bwd``): the same cases as ``tasks`` (forward and two-launch backward,
+the same ratios), run under CUDA autocast with a float16/bfloat16 x, so y and dy are float32 as torch's
+autocast GroupNorm gives them; their cells (fp16 and bf16 only, on the shapes whose windows take 16-byte
+vectors: the only ones with a wide launch) are numbered after all others.
 """
 
 from __future__ import annotations
@@ -93,10 +98,12 @@ MARKER_KWARGS = {"dtypes", "acts", "directions", "shapes", "channels", "groups",
                  "geometries", "rotate", "over_2_31", "task_caps"}  # fmt: skip
 #: Kernel architectures the cases can validate (``--gn-arch``): the tile kernels, and the task kernels
 #: (forward cases under GN_ARCH=tasks, backward cases under GN_ARCH=tasks+bwd and tasks+bwd1).
-ARCHS = ("tiles", "tasks")
+ARCHS = ("tiles", "tasks", "wide")
 #: A task case's kernels (`CaseSpec.arch`): "tasks", the forward's one launch or the backward's two;
 #: "tasks1", the backward's opt-in one-launch kernel (GN_ARCH=tasks+bwd1; backward cases only).
-TASK_ARCHS = ("tasks", "tasks1")
+TASK_ARCHS = ("tasks", "tasks1", "tasksw")
+#: The dtypes of the wide cases (arch "tasksw"): x in 16 bits, y and dy float32 under autocast.
+WIDE_DTYPES = ("fp16", "bf16")
 #: Caps the capped task cases rotate over (`pytest_gn.tasks`).
 DEFAULT_TASK_CAPS = (1, 2, 3)
 
@@ -150,11 +157,24 @@ class CaseSpec:
         if self.arch == "tasks1" and self.direction != "bwd":
             raise ValueError(f"arch 'tasks1' (the one-launch task backward) has backward cases only, got "
                              f"direction {self.direction!r}")  # fmt: skip
+        if self.arch == "tasksw" and self.dtype not in WIDE_DTYPES:
+            raise ValueError(f"arch 'tasksw' (the wide launches under autocast) takes {WIDE_DTYPES} x, got "
+                             f"{self.dtype!r}")  # fmt: skip
 
     @property
     def is_task(self) -> bool:
         """Whether the case is the task architecture's (forward, backward, or one-launch backward)."""
         return self.arch in TASK_ARCHS
+
+    @property
+    def wide(self) -> bool:
+        """Whether the case runs under CUDA autocast on the wide launches (float32 y and dy)."""
+        return self.arch == "tasksw"
+
+    @property
+    def wide_itemsize(self) -> int:
+        """`schedule.TaskTiling.wide_itemsize` of the case: 4 (float32 y, dy) for a wide case, else 0."""
+        return 4 if self.wide else 0
 
     @property
     def task_kind(self) -> str:
@@ -181,6 +201,8 @@ class CaseSpec:
         backward's one-launch kernel where `passes` asks for one)."""
         if self.arch == "tasks1":
             return "tasks+bwd1"
+        if self.arch == "tasksw":  # the wide backward is the two launches'
+            return "tasks+bwd"
         return "tasks+bwd" if self.arch == "tasks" and self.direction == "bwd" else self.arch
 
     @property
@@ -208,7 +230,7 @@ class CaseSpec:
         """Kernel configuration of the one-pass launch, named as `gn_module.resources` names it."""
         if self.is_task:
             t = schedule.task_tiling(self.channels, self.groups, 1 << 30, self.itemsize, self.direction)
-            return task_config(self.torch_dtype, t.vec if t is not None else 1, self.task_kind)
+            return task_config(self.torch_dtype, t.vec if t is not None else 1, self.task_kind, self.wide)
         return onepass_config(self.direction, self.torch_dtype, self.tiling().vec)
 
     def labels(self) -> dict[str, Any]:
@@ -229,11 +251,18 @@ def onepass_config(direction: str, dtype: str, vec: int) -> str:
 TASK_KERNELS = {"fwd": "fwd_task_onepass", "bwd": "bwd_task_stats", "bwd1": "bwd_task_onepass"}
 
 
-def task_config(dtype: str, vec: int, kind: str = "fwd") -> str:
+def task_config(dtype: str, vec: int, kind: str = "fwd", wide: bool = False) -> str:
     """The task architecture's kernel configuration of a kind of case (`TASK_KERNELS`:
-    ``fwd_task_onepass[fp16,vec8]``, ``bwd_task_stats[fp16,vec8]``, ``bwd_task_onepass[fp16,vec8]``)."""
+    ``fwd_task_onepass[fp16,vec8]``, ``bwd_task_stats[fp16,vec8]``, ``bwd_task_onepass[fp16,vec8]``; a
+    wide case's ``fwd_task_onepass[bf16,vec8,wide]``, as `gn_module.resources` names it)."""
     short = {v: k for k, v in DTYPES.items()}[dtype]
-    return f"{TASK_KERNELS[kind]}[{short},vec{vec}]"
+    return f"{TASK_KERNELS[kind]}[{short},vec{vec}" + (",wide]" if wide else "]")
+
+
+def has_wide_launch(channels: int, groups: int) -> bool:
+    """Whether a 16-bit x of these channels has the wide launches (task windows of 16-byte vectors)."""
+    t = schedule.task_tiling(channels, groups, 1 << 30, 2, "fwd")
+    return t is not None and t.vec * 2 == schedule.VEC_BYTES
 
 
 def _as_tuple(value: Any) -> tuple:
@@ -349,6 +378,13 @@ def specs_from_marker(
     task_kinds = [(d, "tasks") for d in task_directions] + [("bwd", "tasks1")] * ("bwd" in task_directions)
     task_cells = [(d, arch, r, dt, a) for d, arch in task_kinds for r, dt, a in product(ratios, dtypes, acts)]
     task_acts_of = _act_rotation(task_cells, rotation, rotate)
+    # the wide launches' cells (--gn-arch wide), numbered after every other: on their own kinds
+    wide_dtypes = [dt for dt in dtypes if dt in WIDE_DTYPES]
+    wide_kinds = [k for k in kinds if has_wide_launch(*k[0])]
+    wide_on = "wide" in archs and not foreign and wide_kinds
+    wide_cells = [(d, "tasksw", r, dt, a) for d in (directions if wide_on else ())
+                  for r, dt, a in product(ratios, wide_dtypes, acts)]  # fmt: skip
+    wide_acts_of = _act_rotation(wide_cells, rotation, rotate)
     for profile, variant, number in scopes:
         for i, (direction, ratio, dtype, _) in enumerate(cells if tiles else []):
             chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
@@ -359,6 +395,12 @@ def specs_from_marker(
             chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
             k = task_caps[i % len(task_caps)] if variant == "capped" else cap
             for act, ((c, g), geometry) in product(task_acts_of(i, number), chosen):
+                specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, k, profile,
+                                      geometry=geometry, arch=arch))  # fmt: skip
+        for i, (direction, arch, ratio, dtype, _) in enumerate(wide_cells):
+            chosen = [wide_kinds[(i + number) % len(wide_kinds)]] if rotate else wide_kinds
+            k = task_caps[i % len(task_caps)] if variant == "capped" else cap
+            for act, ((c, g), geometry) in product(wide_acts_of(i, number), chosen):
                 specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, k, profile,
                                       geometry=geometry, arch=arch))  # fmt: skip
     if big and "natural" in variants:
@@ -541,19 +583,21 @@ def memory_estimate(case: GnCase, foreign: bool = False) -> int:
     outputs at once, as here.
     """
     e, itemsize = case.numel, case.spec.itemsize
+    # a wide case's y and dy are float32: every tensor counted at that size (an upper bound)
+    size = 4 if case.spec.wide else itemsize
     fwd = case.direction == "fwd"
     inputs = 1 if fwd else 2
-    gen = inputs * e * itemsize + min(e, INPUT_CHUNK_ELEMENTS) * 4 * 3
+    gen = inputs * e * size + min(e, INPUT_CHUNK_ELEMENTS) * 4 * 3
     if foreign:
-        run = (inputs + 2 + (0 if fwd else 1)) * e * itemsize
+        run = (inputs + 2 + (0 if fwd else 1)) * e * size
     else:
-        run = (inputs + 1 + (1 if fwd else 2)) * e * itemsize + e
+        run = (inputs + 1 + (1 if fwd else 2)) * e * size + e
     samples, groups = reference_chunk(case.shape, case.num_groups)
     chunk = e // case.shape[0] * samples // case.num_groups * groups
     per_element = REF_BYTES_PER_ELEMENT[case.direction]
     if not fwd and case.spec.act == "relu":
         per_element += REF_KINK_BYTES_PER_ELEMENT
-    check = (inputs + 1) * e * itemsize + chunk * per_element
+    check = (inputs + 1) * e * size + chunk * per_element
     total = max(gen, run, check) + FIXED_BYTES
     if not foreign:
         n, c = case.shape[0], case.shape[1]

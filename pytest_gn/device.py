@@ -30,9 +30,10 @@ def kernel_configs() -> list[tuple[str, str, schedule.Tiling]]:
 def task_kernel_configs() -> list[tuple[str, str, schedule.TaskTiling]]:
     """(config name, torch dtype name, task tiling) of every configuration of the task architecture's
     kernel that gives each kind of task case its residency (`pytest_gn.cases.TASK_KERNELS`:
-    fwd_task_onepass, bwd_task_stats, bwd_task_onepass; vectors and the scalar path, each dtype); the
-    tiling's direction says which direction."""
-    from pytest_gn.cases import TASK_KERNELS, task_config
+    fwd_task_onepass, bwd_task_stats, bwd_task_onepass; vectors and the scalar path, each dtype), then
+    the wide launches' (float16/bfloat16 x with float32 y and dy: vectors only, the forward and the
+    two-launch backward); the tiling's direction says which direction, its wide_itemsize whether wide."""
+    from pytest_gn.cases import DTYPES, TASK_KERNELS, WIDE_DTYPES, task_config
 
     out = []
     for kind in TASK_KERNELS:
@@ -42,6 +43,11 @@ def task_kernel_configs() -> list[tuple[str, str, schedule.TaskTiling]]:
                 t = schedule.task_tiling(channels, groups, 1 << 30, schedule.ITEMSIZE[dtype], direction)
                 assert t is not None
                 out.append((task_config(dtype, t.vec, kind), dtype, t))
+    for kind in ("fwd", "bwd"):
+        for dtype in (DTYPES[d] for d in WIDE_DTYPES):
+            t = schedule.task_tiling(CONFIG_CHANNELS["vec"], 16, 1 << 30, 2, kind, wide_itemsize=4)
+            assert t is not None
+            out.append((task_config(dtype, t.vec, kind, wide=True), dtype, t))
     return out
 
 

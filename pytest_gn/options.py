@@ -29,12 +29,19 @@ _SPECS = (
      "chunks per block over the chunks it keeps in shared memory; backward cases under GN_ARCH=tasks+bwd, "
      "the ratio counting a task's tiles over its team's members; one-launch backward cases under "
      "GN_ARCH=tasks+bwd1, the ratio counting chunk pairs per block over those it keeps; capped cases at "
-     "caps 1, 2, 3), or both. "
+     "caps 1, 2, 3), or both; wide (opt-in: the task cases of the wide launches, fp16/bf16 x under CUDA "
+     "autocast with float32 y and dy, ids fwd-tasksw-... and bwd-tasksw-...) or all (tiles, tasks and wide). "
      "With --gn-arch-sweep the profiles get task cases too. Not for --gn-impl (there: tiles). Default: both"),
 )  # fmt: skip
 
 #: --gn-arch values and the architectures each selects.
-ARCH_CHOICES = {"tiles": ("tiles",), "tasks": ("tasks",), "both": ("tiles", "tasks")}
+ARCH_CHOICES = {
+    "tiles": ("tiles",),
+    "tasks": ("tasks",),
+    "both": ("tiles", "tasks"),
+    "wide": ("wide",),
+    "all": ("tiles", "tasks", "wide"),
+}
 
 DEFAULT_IMPL = "gn_module.functional:group_norm"
 OWN_IMPLS = (DEFAULT_IMPL, "gn_module:group_norm")

@@ -210,7 +210,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 #: Suite modules that check gn_module's own kernels (per-arch compile, model vs occupancy API).
 OWN_KERNEL_MODULES = ("test_gn_static.py", "test_gn_selfcheck.py", "test_gn_tasks.py")
-#: The suite's module for the task architecture, collected only with --gn-arch tasks or both.
+#: The suite's module for the task architecture, collected only with --gn-arch tasks, wide, both or all.
 TASKS_MODULE = "test_gn_tasks.py"
 #: Suite tests that compare the schedule model with the CUDA occupancy API (the summary's self-check).
 SELFCHECK_TESTS = ("test_gn_model_matches_occupancy_api", "test_gn_task_model_matches_occupancy_api")
@@ -221,9 +221,10 @@ def _in_suite(item: pytest.Item) -> bool:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """The suite's task module only with --gn-arch tasks or both."""
+    """The suite's task module only with --gn-arch tasks, wide, both or all."""
     ours = collection_path.name == TASKS_MODULE and collection_path.parent.resolve() == SUITE_DIR
-    return True if ours and "tasks" not in _state(config).opts.archs else None
+    archs = _state(config).opts.archs
+    return True if ours and "tasks" not in archs and "wide" not in archs else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -160,11 +160,17 @@ def case_seed(base: int, case_id: str) -> int:
 
 
 def make_inputs(
-    shape: tuple[int, ...], dtype: torch.dtype, device: Any, seed: int, with_dy: bool = True
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: Any,
+    seed: int,
+    with_dy: bool = True,
+    dy_dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
-    """x (channels_last), fp32 weight/bias and (with `with_dy`) dy. x carries a mean that varies
-    along the rows, so a tile left out of a reduction moves the statistics visibly. Drawn in
-    chunks of INPUT_CHUNK_ELEMENTS, so a tensor over 2**31 elements needs no fp32 copy of itself."""
+    """x (channels_last), fp32 weight/bias and (with `with_dy`) dy, in `dy_dtype` (default x's: float32
+    for a wide case, as y is there). x carries a mean that varies along the rows, so a tile left out of a
+    reduction moves the statistics visibly. Drawn in chunks of INPUT_CHUNK_ELEMENTS, so a tensor over
+    2**31 elements needs no fp32 copy of itself."""
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     n, c = shape[0], shape[1]
@@ -179,7 +185,9 @@ def make_inputs(
     for name, scale, ramp_weight in (("x", 1.5, 1.0), ("dy", 1.0, 0.25)):
         if name == "dy" and not with_dy:
             continue
-        t = torch.empty((n, *spatial, c), dtype=dtype, device=device)
+        t = torch.empty(
+            (n, *spatial, c), dtype=dy_dtype if name == "dy" and dy_dtype else dtype, device=device
+        )
         flat = t.view(n * rows, c)
         for r0 in range(0, n * rows, step):
             r1 = min(n * rows, r0 + step)

@@ -55,10 +55,16 @@ def header_lines(
 ) -> list[str]:  # fmt: skip
     lines = [f"gn: impl {impl}, seed {seed}" + (f", one-pass residency capped at {cap}" if cap else "")]
     if archs != ("tiles",):
-        flag = "both" if len(archs) > 1 else archs[0]
+        flag = {("tiles", "tasks"): "both", ("tiles", "tasks", "wide"): "all"}.get(archs, archs[0])
         also = ", and the tile kernels' cases" if "tiles" in archs else "; no tile kernel cases"
-        lines.append(f"gn: --gn-arch={flag}: task kernel cases, forward (GN_ARCH=tasks) and backward "
-                     f"(GN_ARCH=tasks+bwd; its one-launch kernel: tasks+bwd1){also}")  # fmt: skip
+        wide = ("the wide launches' cases (fwd-tasksw-..., bwd-tasksw-...: fp16/bf16 x under CUDA autocast, "
+                "float32 y and dy)")  # fmt: skip
+        if "tasks" in archs:
+            also = f", {wide}{also}" if "wide" in archs else also
+            lines.append(f"gn: --gn-arch={flag}: task kernel cases, forward (GN_ARCH=tasks) and backward "
+                         f"(GN_ARCH=tasks+bwd; its one-launch kernel: tasks+bwd1){also}")  # fmt: skip
+        else:
+            lines.append(f"gn: --gn-arch={flag}: {wide}{also}")
     if shapes:
         lines.append("gn: overflow shapes (C:G) " + ",".join(f"{c}:{g}" for c, g in shapes))
     if device is None:
@@ -105,11 +111,18 @@ def scope_lines(tally: Tally) -> list[str]:
             f"{families[k]} {k}" for k in ("natural", "capped", "over 2**31 elements") if families[k]
         )
         mine = [tally.cases[i] for i in tally.outcomes if not tally.cases[i].get("profile")]
-        tasks = Counter(task_kind(s) for s in mine if s.get("arch") in TASK_ARCHS)
+        tasks = Counter(
+            task_kind(s) for s in mine if s.get("arch") in TASK_ARCHS and s.get("arch") != "tasksw"
+        )
         if tasks:
             one = f", {tasks['bwd1']} one-launch backward" if tasks["bwd1"] else ""
             parts += (f"; {sum(tasks.values())} of them task kernel cases ({tasks['fwd']} forward, "
                       f"{tasks['bwd']} backward{one})")  # fmt: skip
+        wide = Counter(str(s.get("direction")) for s in mine if s.get("arch") == "tasksw")
+        if wide:
+            parts += (
+                f"; {sum(wide.values())} wide-launch cases ({wide['fwd']} forward, {wide['bwd']} backward)"
+            )
         lines.append(f"  {LOCAL}: {sum(local.values())} ({parts}): {_outcomes(local)}")
     prof = tally.counts(lambda s: bool(s.get("profile")))
     if prof:

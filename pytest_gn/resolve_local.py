@@ -72,13 +72,16 @@ def task_model_of_device(dtype: str, index: int, variant: str | None = None) -> 
     """This GPU's (slots, residency) of the task kernels for a task tiling of either direction, as
     gn_module launches them (`ops.task_plan`: slots from the device's shared memory, blocks from the
     occupancy API under the build `variant`; the backward's under GN_ARCH=tasks+bwd, where it plans
-    them): a `pytest_gn.tasks.TaskModel`."""
+    them; a wide tiling's, float32 y and dy, as its launches): a `pytest_gn.tasks.TaskModel`."""
     from gn_module import ops
     from pytest_gn.runner import arch_env
 
     def model(t: Any) -> tuple[int, int]:
+        wide = "float32" if t.wide_itemsize else None
         with ops.build_variant(variant), arch_env("tasks+bwd"):
-            p = ops.task_plan((t.batch, t.channels, t.rows), t.groups, dtype, t.direction, 2, index)
+            p = ops.task_plan(
+                (t.batch, t.channels, t.rows), t.groups, dtype, t.direction, 2, index, wide=wide
+            )
         return (0, 0) if p is None else (p.slots, p.residency)
 
     return model

@@ -135,16 +135,19 @@ def _call(fn: Callable[..., Any], case: GnCase, inp: dict, phase: Phase, copy: b
     x = x.clone() if copy else x
     w = inp["weight"].detach().clone()
     b = inp["bias"].detach().clone()
+    # a wide case: CUDA autocast to x's dtype, so y and dy are float32 (gn_module's wide launches)
+    autocast = torch.autocast("cuda", dtype=x.dtype) if case.spec.wide else contextlib.nullcontext()
     phase("forward")
     if case.direction == "fwd":
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             y = fn(x, case.num_groups, w, b, EPS, case.act, **kwargs)
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"the forward returned {type(y).__name__}, not a tensor")
         return {"y": y.detach()}
     for t in (x, w, b):
         t.requires_grad_()
-    y = fn(x, case.num_groups, w, b, EPS, case.act, **kwargs)
+    with autocast:
+        y = fn(x, case.num_groups, w, b, EPS, case.act, **kwargs)
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"the forward returned {type(y).__name__}, not a tensor")
     phase("backward")
@@ -174,7 +177,9 @@ def check_case(
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     dtype = getattr(torch, case.dtype)
-    inp = ref.make_inputs(case.shape, dtype, device, ref.case_seed(seed, case.id), case.direction == "bwd")
+    bwd = case.direction == "bwd"
+    dy_dtype = torch.float32 if case.spec.wide else None
+    inp = ref.make_inputs(case.shape, dtype, device, ref.case_seed(seed, case.id), bwd, dy_dtype)
     if ours and case.task is not None:
         got = _check_task_runs(case, inp, result, enter, device)
     elif ours:

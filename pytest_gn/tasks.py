@@ -80,7 +80,10 @@ def target_chunks(spec: CaseSpec, slots: int) -> int:
 def tiling_of(spec: CaseSpec, shape: tuple[int, ...]) -> TaskTiling:
     """The task tiling of the spec's direction for `shape`."""
     n, c = shape[0], shape[1]
-    t = schedule.task_tiling(c, spec.groups, math.prod(shape[2:]), spec.itemsize, spec.direction, batch=n)
+    rows = math.prod(shape[2:])
+    t = schedule.task_tiling(
+        c, spec.groups, rows, spec.itemsize, spec.direction, batch=n, wide_itemsize=spec.wide_itemsize
+    )
     if t is None:
         raise CaseUnavailable(f"{spec.id}: the task kernels do not cover the shape {list(shape)}")
     return t
@@ -89,7 +92,9 @@ def tiling_of(spec: CaseSpec, shape: tuple[int, ...]) -> TaskTiling:
 def probe_tiling(spec: CaseSpec) -> TaskTiling | None:
     """The task tiling of a large tensor of the spec's channels, dtype and direction (its chunk height
     and vectors)."""
-    return schedule.task_tiling(spec.channels, spec.groups, 1 << 30, spec.itemsize, spec.direction)
+    return schedule.task_tiling(
+        spec.channels, spec.groups, 1 << 30, spec.itemsize, spec.direction, wide_itemsize=spec.wide_itemsize
+    )
 
 
 #: Largest tensor (elements) a task case may have; the search looks no further.
@@ -200,7 +205,7 @@ class TaskCases:
         the fewest samples (1 or 2, else up to 8), batch shapes two or more (`batch_samples`) and teams
         that run several tasks (rounds > 1). CaseUnavailable when none fits."""
         slots, residency = self.scope_gpu(spec, model)
-        c, g, item = spec.channels, spec.groups, spec.itemsize
+        c, g, item, wide = spec.channels, spec.groups, spec.itemsize, spec.wide_itemsize
         rows = geometry_rows(c, g, item, "partial" if spec.geometry == "partial" else "even")
         groups = self.batch_samples if spec.geometry == "batch" else (EVEN_SAMPLES[:2], EVEN_SAMPLES[2:])
         best: tuple[int, int, int, int] | None = None  # (rank, elements, samples, rows)
@@ -211,7 +216,7 @@ class TaskCases:
             for size, n, s in order:
                 if best is not None and best[0] == 0:
                     break
-                t = schedule.task_tiling(c, g, s, item, self.direction, batch=n)
+                t = schedule.task_tiling(c, g, s, item, self.direction, batch=n, wide_itemsize=wide)
                 assert t is not None
                 p = plan_of(t, self.schedule, slots, residency, cap)
                 rank = self.rank(spec.ratio, p)
@@ -228,7 +233,7 @@ class TaskCases:
             no = f"no {spec.geometry} shape of at most {MAX_ELEMENTS} elements"
             raise CaseUnavailable(f"{spec.id}: {no} {unfound} with {where}")
         _, _, n, s = best
-        t = schedule.task_tiling(c, g, s, item, self.direction, batch=n)
+        t = schedule.task_tiling(c, g, s, item, self.direction, batch=n, wide_itemsize=wide)
         assert t is not None
         if model(t) != (slots, residency):  # same chunk height on the same GPU: the model must agree
             raise RuntimeError(f"{spec.id}: slots/residency {model(t)} of {t} != {(slots, residency)}")

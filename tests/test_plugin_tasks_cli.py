@@ -82,8 +82,8 @@ def test_task_cases_skip_with_the_reason_without_a_gpu(pytester: pytest.Pytester
 
 @pytest.mark.parametrize(
     ("args", "ini", "message"),
-    [(("--gn-arch", "gpu"), "", "--gn-arch expects one of tiles, tasks, both, got 'gpu'"),
-     ((), "gn_arch = warp\n", "gn_arch (ini) expects one of tiles, tasks, both, got 'warp'"),
+    [(("--gn-arch", "gpu"), "", "--gn-arch expects one of tiles, tasks, both, wide, all, got 'gpu'"),
+     ((), "gn_arch = warp\n", "gn_arch (ini) expects one of tiles, tasks, both, wide, all, got 'warp'"),
      (("--gn-arch", "tasks", "--gn-impl", "impls:gn"), "",
       "--gn-arch tasks selects gn_module's task kernels, which do not apply to --gn-impl impls:gn*")],
 )  # fmt: skip
@@ -184,6 +184,6 @@ def test_the_sweep_summary_without_nvcc_or_gpu(pytester: pytest.Pytester, monkey
         "A100*sm_80*108*120*0*0*120*no (no GPU)",
         "cases column total: 365 = the overflow cases collected",
         "GPU part skipped (*): none of the 365 overflow cases ran (120 profile cases, 245 cases of this "
-        "GPU), and the 30 self-check tests were skipped",
+        "GPU), and the 34 self-check tests were skipped",
     ])  # fmt: skip
     assert result.ret == 0, result.stdout.str()

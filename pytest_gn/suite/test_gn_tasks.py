@@ -46,8 +46,9 @@ def test_gn_task_model_matches_occupancy_api(config, dtype, tiling, gn_device) -
     from pytest_gn.runner import arch_env
 
     shape = (1, tiling.channels, tiling.rows)
+    wide = "float32" if tiling.wide_itemsize else None  # a wide launch's configuration
     with arch_env("tasks+bwd"):  # where gn_module plans the backward on the task kernels too
-        plan = ops.task_plan(shape, tiling.groups, dtype, tiling.direction, 2, gn_device.index)
+        plan = ops.task_plan(shape, tiling.groups, dtype, tiling.direction, 2, gn_device.index, wide=wide)
     assert plan is not None, f"{config}: gn_module does not plan the task kernels for {tiling}"
     problems = []
     slots = schedule.task_slots(tiling, schedule.task_smem_budget(gn_device.limits))
