@@ -391,18 +391,14 @@ def specs_from_marker(
             for act, ((c, g), geometry) in product(acts_of(i, number), chosen):
                 specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, cap, profile,
                                       geometry=geometry))  # fmt: skip
-        for i, (direction, arch, ratio, dtype, _) in enumerate(task_cells):
-            chosen = [kinds[(i + number) % len(kinds)]] if rotate else kinds
-            k = task_caps[i % len(task_caps)] if variant == "capped" else cap
-            for act, ((c, g), geometry) in product(task_acts_of(i, number), chosen):
-                specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, k, profile,
-                                      geometry=geometry, arch=arch))  # fmt: skip
-        for i, (direction, arch, ratio, dtype, _) in enumerate(wide_cells):
-            chosen = [wide_kinds[(i + number) % len(wide_kinds)]] if rotate else wide_kinds
-            k = task_caps[i % len(task_caps)] if variant == "capped" else cap
-            for act, ((c, g), geometry) in product(wide_acts_of(i, number), chosen):
-                specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, k, profile,
-                                      geometry=geometry, arch=arch))  # fmt: skip
+        for group, group_kinds, group_acts in ((task_cells, kinds, task_acts_of),
+                                               (wide_cells, wide_kinds, wide_acts_of)):  # fmt: skip
+            for i, (direction, arch, ratio, dtype, _) in enumerate(group):
+                chosen = [group_kinds[(i + number) % len(group_kinds)]] if rotate else group_kinds
+                k = task_caps[i % len(task_caps)] if variant == "capped" else cap
+                for act, ((c, g), geometry) in product(group_acts(i, number), chosen):
+                    specs.append(CaseSpec(direction, ratio, dtype, act, c, g, variant, k, profile,
+                                          geometry=geometry, arch=arch))  # fmt: skip
     if big and "natural" in variants:
         dtype = "bf16" if "bf16" in dtypes else dtypes[0]  # the smallest dtype keeps it to seconds
         c, g = shapes[0]
