@@ -352,25 +352,6 @@ def wide_autocast_enabled() -> bool:
     return os.environ.get(ENV_WIDE_AUTOCAST, "1") != "0"
 
 
-def _wide_autocast(
-    x: torch.Tensor,
-    num_groups: object,
-    weight: object,
-    bias: object,
-    eps: object,
-    act: object,
-    passes: object,
-) -> torch.Tensor | None:
-    """The wide kernels' result under autocast (`ENV_WIDE_AUTOCAST`), or None to cast as before."""
-    if x.dtype not in REDUCED_DTYPES or not wide_autocast_enabled():
-        return None
-    weight, bias = _float32_param(weight), _float32_param(bias)
-    codes = _fast_route(x, num_groups, weight, bias, eps, act, passes)
-    if codes is None:
-        return None
-    return (_ops or _import_ops()).group_norm_wide(x, num_groups, weight, bias, eps, *codes)  # type: ignore[arg-type]
-
-
 def _import_ops() -> ModuleType:
     global _ops
     from gn_module import ops
@@ -415,9 +396,14 @@ def group_norm(
                 f"group_norm(): autocast_output must be one of {AUTOCAST_OUTPUTS}, got {autocast_output!r}"
             )
     elif _under_cuda_autocast(x):
-        y = _wide_autocast(x, num_groups, weight, bias, eps, act, passes)
-        if y is not None:
-            return y
+        if x.dtype in REDUCED_DTYPES and wide_autocast_enabled():  # the wide launches, where they exist
+            w32, b32 = _float32_param(weight), _float32_param(bias)
+            codes = _fast_route(x, num_groups, w32, b32, eps, act, passes)
+            if codes is not None:
+                ops = _ops or _import_ops()
+                y = ops.group_norm_wide(x, num_groups, w32, b32, eps, *codes)  # type: ignore[arg-type]
+                if y is not None:
+                    return y
         x, weight, bias = _autocast_float32(x, weight, bias)
     codes = _fast_route(x, num_groups, weight, bias, eps, act, passes)
     if codes is not None:
