@@ -14,7 +14,10 @@
 #   8. compute-sanitizer over the task kernels (then with GN_ARCH=tasks+bwd1: "8b" leaves that out);
 #   9. the task kernels' time at team sizes 1, 2, 4, ... (to calibrate schedule.choose_teams);
 #  10. host time per call (no-grad and training step, ours and torch's);
-#  11. the task backward's phases per block and its two launches' device times (profile_tasks.py --trace-bwd).
+#  11. the task backward's phases per block and its two launches' device times (profile_tasks.py --trace-bwd);
+#  12. the wide launches under autocast: their GPU tests, the plugin's wide cases (--gn-arch wide) on this GPU,
+#      then with the planted task-overflow-drop / task-bwd-overflow-drop (the wide kernels share those sites:
+#      must go red), then the sweep's wide cases (every profile; the compute_80 PTX build).
 #   bash scripts/tasks_gpu.sh OUTDIR
 # Set TASKS_GPU_SKIP="3 5" (step numbers) to leave steps out; "4f" / "7f" leave out only the planted forward
 # bug's runs of steps 4 / 7 (the forward's planted runs passed in session 5); "6a" leaves out step 6's
@@ -162,5 +165,25 @@ if ! skip 11; then
   step "11 the task backward's phases (scripts/profile_tasks.py --trace-bwd), fp16"
   python3 scripts/profile_tasks.py --trace-bwd >"$out/trace_bwd.log" 2>&1 || status=1
   tail_to_summary "$out/trace_bwd.log" 60
+fi
+if ! skip 12; then
+  step "12 the wide launches (fp16/bf16 x under autocast, float32 y and dy): tests, plugin cases, planted, sweep"
+  python3 -m pytest tests/gpu/test_autocast_wide.py -q -p no:randomly -p xdist -n 4 >"$out/wide_tests.log" 2>&1 \
+    || status=1
+  tail_to_summary "$out/wide_tests.log" 2
+  python3 -m pytest -p xdist -n 8 -q --gn-arch wide --pyargs pytest_gn.suite >"$out/plugin_wide.log" 2>&1 || status=1
+  tail_to_summary "$out/plugin_wide.log" 4
+  planted_dir=$(python3 scripts/plant_bug.py task-overflow-drop)
+  GN_CSRC_DIR="$planted_dir" python3 -m pytest -p xdist -n 8 -q --gn-arch wide --pyargs pytest_gn.suite \
+    -k "fwd-tasksw" >"$out/plugin_wide_planted.log" 2>&1
+  tail_to_summary "$out/plugin_wide_planted.log" 3
+  planted "$out/plugin_wide_planted.log" "the forward wide cases that re-read chunks (all but the x1 ones)"
+  planted_dir=$(python3 scripts/plant_bug.py task-bwd-overflow-drop)
+  GN_CSRC_DIR="$planted_dir" python3 -m pytest -p xdist -n 8 -q --gn-arch wide --pyargs pytest_gn.suite \
+    -k "bwd-tasksw" >"$out/plugin_wide_bwd_planted.log" 2>&1
+  tail_to_summary "$out/plugin_wide_bwd_planted.log" 3
+  planted "$out/plugin_wide_bwd_planted.log" "the backward wide cases whose members hold several tiles of a task"
+  python3 -m pytest -p xdist -n 8 -q --gn-arch-sweep --gn-arch wide >"$out/sweep_wide.log" 2>&1 || status=1
+  tail_to_summary "$out/sweep_wide.log" 2
 fi
 exit $status
