@@ -892,6 +892,14 @@ def _stats_views(stats: torch.Tensor, num_groups: int, rstd_at: int) -> tuple[to
     return stats[:ng].view(-1, num_groups), stats[at : at + ng].view(-1, num_groups)
 
 
+def _dy_as_x(dy: torch.Tensor, x: torch.Tensor, wide: torch.dtype | None) -> torch.Tensor:
+    """dy in x's layout: gradients arrive in any layout and the kernels read x's; a wide launch's float32
+    dy is also copied where it is not 16-byte aligned (the wide launches take 16-byte vectors only)."""
+    if dy.stride() != x.stride() or (wide is not None and dy.data_ptr() % schedule.VEC_BYTES):
+        return torch.empty_like(x, dtype=dy.dtype).copy_(dy)
+    return dy
+
+
 def backward(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -907,8 +915,7 @@ def backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels: dx (x's memory format and dtype), dweight and dbias (weight's dtype).
     `wide`: dy's dtype where it is float32 for a float16/bfloat16 x (else dy is x's dtype)."""
-    if dy.stride() != x.stride() or (wide is not None and dy.data_ptr() % schedule.VEC_BYTES):
-        dy = torch.empty_like(x, dtype=dy.dtype).copy_(dy)  # the kernels read x's layout (aligned, wide)
+    dy = _dy_as_x(dy, x, wide)
     param = weight if weight is not None else bias
     pdt = param.dtype if param is not None else torch.float32
     p, a = _prepare("bwd", x, num_groups, eps, act, passes, param, dy, wide=wide)
@@ -950,8 +957,7 @@ def _backward_lean(
     stores them in the parameters' dtype), which get their own tensors; for float16/bfloat16 parameters
     under the tile kernels the wanted ones are converted from that scratch as `backward` does.
     """
-    if dy.stride() != x.stride() or (wide is not None and dy.data_ptr() % schedule.VEC_BYTES):
-        dy = torch.empty_like(x, dtype=dy.dtype).copy_(dy)  # the kernels read x's layout (aligned, wide)
+    dy = _dy_as_x(dy, x, wide)
     ptr, dy_ptr = x.data_ptr(), dy.data_ptr()
     index = x.get_device()
     param = weight if weight is not None else bias
