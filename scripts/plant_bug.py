@@ -144,6 +144,14 @@ PLANTINGS = {
         "runs) nobody writes the totals and dweight/dbias keep the workspace's poison",
         "bwd-tasks", False,
     ),
+    "wide-pair-swap": Planting(
+        "gn_tasks.cuh", "  __stcs(odd ? p + 1 : p + 2, odd ? hi : got);",
+        "  __stcs(odd ? p + 1 : p + 2, odd ? got : hi);  // PLANTED: the pair's second store takes the wrong half",
+        "wide forward under autocast (float32 y stored by lane pairs): the second store of each pair writes "
+        "the half it already stored, so every other 16 bytes of y are wrong where a row has an even number "
+        "of column threads (tests/gpu/test_autocast_wide.py, the plugin's fwd-tasksw cases)",
+        "fwd-tasksw", False,
+    ),
     "act-gelu-grad": Planting(
         "gn_kernels.cuh", "    return dy * fmaf(z, pdf, cdf);",
         "    return dy * cdf;  // PLANTED: the GELU derivative loses its z * pdf term",

@@ -17,9 +17,12 @@ from .test_kernels import make_case
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# (shape, groups): one-tile tasks, many tiles per task, several windows per sample, N > 1, 3-D input
+# (shape, groups): one-tile tasks, many tiles per task, several windows per sample, N > 1, 3-D input; rows of
+# 5 column threads (odd: y stored lane by lane) and of 6 (lane pairs whose rows straddle warps)
 SHAPES = [
     ((2, 64, 16, 16), 32),
+    ((2, 40, 12, 20), 8),
+    ((2, 48, 10, 14), 16),
     ((3, 128, 40, 24), 8),
     ((2, 320, 24, 24), 32),
     ((1, 256, 96, 80), 32),
