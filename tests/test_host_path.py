@@ -882,3 +882,19 @@ def test_autocast_without_a_wide_launch_casts(train_stub, monkeypatch):
     gn_module.group_norm(x, 32, w, b)
     _, f = launch_fields(train_stub)
     assert (f["dtype"], f["wide_dtype"], f["arch"]) == (0, 0, 1)
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "nograd"])
+def test_autocast_one_sample_one_channel_per_group_is_wide(train_stub, monkeypatch, grad):
+    """N = 1 with one channel per group (N * C // G == 1) but spatial extent is no "one value per
+    channel" error: the fast route takes it, so under autocast it runs the wide launches (it used to go
+    to the cast: the plugin's one-sample c32g32 wide cases measured the float32 tiling)."""
+    monkeypatch.setattr(functional, "_under_cuda_autocast", lambda x: True)
+    monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd")
+    x = _leaf(cl((1, 32, 3, 4), torch.float16), grad)
+    assert _fast_route(x, 32, None, None, 1e-5, None, "auto") == (0, 0)
+    w, b = (_leaf(p, grad) for p in params(32, torch.float32))
+    with torch.set_grad_enabled(grad):
+        y = gn_module.group_norm(x, 32, w, b)
+    _, f = launch_fields(train_stub)
+    assert y.dtype == torch.float32 and (f["dtype"], f["wide_dtype"]) == (_abi.DTYPE_CODES["float16"], 0)

@@ -54,12 +54,13 @@ def test_wide_spec_runs_the_two_launch_backward_and_names_its_kernels() -> None:
 
 
 def test_wide_backward_cases_are_sized_with_float32_dy_slots() -> None:
-    """A wide backward case's tiling holds float32 dy chunks (fewer slots per block); its forward's is x's."""
+    """A wide backward case's tiling holds float32 dy chunks of half the rows; its forward's is x's."""
     bwd = CaseSpec("bwd", Ratio(1, 1), "bf16", None, arch="tasksw")
     plain = CaseSpec("bwd", Ratio(1, 1), "bf16", None, arch="tasks")
     t_wide, t_plain = tasks.probe_tiling(bwd), tasks.probe_tiling(plain)
     assert t_wide.wide_itemsize == 4 and t_plain.wide_itemsize == 0
-    assert t_wide.slot_bytes == t_plain.slot_bytes + t_plain.chunk_bytes
+    assert t_wide.chunk_rows * 2 == t_plain.chunk_rows
+    assert t_wide.slot_bytes == 3 * t_wide.chunk_bytes == (t_plain.slot_bytes + t_plain.chunk_bytes) // 2
     budget = schedule.smem_budget(233472, 232448, 1024)
 
     def model(t: schedule.TaskTiling) -> tuple[int, int]:  # an H200-like GPU: 132 SMs x 2 blocks

@@ -489,7 +489,13 @@ def task_tiling(
     rows_threads = THREADS // cols
     # Chunks are whole rows-thread strides (a thread keeps its rows across chunks); tiles are
     # whole chunks, at least one, and as many as keep a task within MAX_TILES_PER_TASK tiles.
-    chunk_rows = chunk_rows_per_thread(vec, itemsize) * rows_threads
+    per_thread = chunk_rows_per_thread(vec, itemsize)
+    if direction == "bwd" and wide_itemsize > itemsize:
+        # a wide backward's slot also holds float32 dy (3x x's bytes in 16 bits): half the rows, so
+        # that GPUs with 100 KB of shared memory per SM hold a slot (none held one of 4 rows per
+        # thread: the plugin's residency model) and the H200 four instead of two
+        per_thread = max(1, per_thread // 2)
+    chunk_rows = per_thread * rows_threads
     chunk_rows = min(chunk_rows, _round_up(rows, rows_threads))
     rows_per_tile = max(chunk_rows, _round_up(-(-rows // MAX_TILES_PER_TASK), chunk_rows))
     rows_per_tile = min(rows_per_tile, rows)
