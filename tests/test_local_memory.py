@@ -5,12 +5,13 @@ registers: an array whose address escapes (passed by reference to a non-inlined 
 for the whole loop around the call. The wide backward's stats kernel did that with its sums, 514 local
 loads and stores per kernel, and ran at about half the plain kernel's bandwidth (RESULTS.md session 11).
 A kernel may use local memory around an out-of-line call (the copies it passes, once per tile), never
-per row: this test bounds the count per kernel. Skips without nvcc or cuobjdump (the pip wheel
-``nvidia-cuda-cuobjdump`` provides one).
+per row: this test bounds the count per kernel. Skips without nvcc, cuobjdump or nvdisasm (the pip wheels
+``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` provide them).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -28,13 +29,13 @@ SOURCES = ("gn_forward.cu", "gn_backward_tasks.cu")
 MAX_LOCAL_ACCESSES = 96
 
 
-def find_cuobjdump() -> str | None:
-    """cuobjdump on PATH, beside nvcc, or in the nvidia-cuda-cuobjdump wheel."""
-    found = shutil.which("cuobjdump")
+def find_tool(name: str) -> str | None:
+    """`name` (cuobjdump, nvdisasm) on PATH, beside nvcc, or in its nvidia-cuda-* wheel."""
+    found = shutil.which(name)
     if found:
         return found
     try:
-        beside = Path(resources.find_nvcc()).parent / "cuobjdump"
+        beside = Path(resources.find_nvcc()).parent / name
         if beside.exists():
             return str(beside)
     except Exception:  # no nvcc: the test skips on that first
@@ -44,7 +45,7 @@ def find_cuobjdump() -> str | None:
     except ImportError:
         return None
     for root in getattr(nvidia, "__path__", []):
-        for candidate in Path(root).glob("cu*/bin/cuobjdump"):
+        for candidate in Path(root).glob(f"cu*/bin/{name}"):
             return str(candidate)
     return None
 
@@ -75,15 +76,18 @@ def test_task_kernels_keep_no_values_in_local_memory(source: str, tmp_path: Path
         nvcc = resources.find_nvcc()
     except resources.NvccNotFound as exc:
         pytest.skip(str(exc))
-    cuobjdump = find_cuobjdump()
-    if cuobjdump is None:
-        pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
+    if cuobjdump is None or nvdisasm is None:  # (cuobjdump -sass runs nvdisasm)
+        pytest.skip("no cuobjdump or nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     src = build.csrc_dir() / source
     cubin = tmp_path / "out.cubin"
     cmd = [nvcc, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-I", str(src.parent)]
     cmd += ["-o", str(cubin), str(src)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    env = {**os.environ, "NVDISASM_PATH": str(Path(nvdisasm).parent)}
+    dump = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env)
+    assert dump.returncode == 0, f"cuobjdump -sass failed: {dump.stderr.strip()}"
+    sass = dump.stdout
     counts = local_accesses(sass)
     tasks = {k: n for k, n in counts.items() if "_task_" in k}
     assert tasks, f"no task kernels in {source}'s SASS"
