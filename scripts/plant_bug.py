@@ -147,8 +147,8 @@ PLANTINGS = {
     "wide-pair-swap": Planting(
         "gn_tasks.cuh", "  __stcs(odd ? p + 1 : p + 2, odd ? hi : got);",
         "  __stcs(odd ? p + 1 : p + 2, odd ? got : hi);  // PLANTED: wrong half",
-        "wide forward under autocast (float32 y stored by lane pairs): the second store of each pair writes "
-        "the half it already stored, so every other 16 bytes of y are wrong where a row has an even number "
+        "wide forward under autocast (float32 y stored by lane pairs): each lane's second store takes the "
+        "other half, so half of every lane pair's 64 bytes of y are wrong where a row has an even number "
         "of column threads (tests/gpu/test_autocast_wide.py, the plugin's fwd-tasksw cases)",
         "fwd-tasksw", False,
     ),
