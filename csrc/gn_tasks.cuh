@@ -650,12 +650,10 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t
       if constexpr (sizeof(Pack<TY, V>) == 32) {
         if (pair.on) {
           store_pair_streaming<TY, V>(y, o, pair.mask, pair.odd);
-        } else {
-          store_pack_streaming<TY, V>(y, o);
+          continue;
         }
-      } else {
-        store_pack_streaming<TY, V>(y, o);
       }
+      store_pack_streaming<TY, V>(y, o);
     }
   }
 }
