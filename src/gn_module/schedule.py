@@ -488,16 +488,20 @@ def task_tiling(
         return None
     rows_threads = THREADS // cols
     # Chunks are whole rows-thread strides (a thread keeps its rows across chunks); tiles are
-    # whole chunks, at least one, and as many as keep a task within MAX_TILES_PER_TASK tiles.
+    # whole chunks, at least one chunk of the full height, and as many as keep a task within
+    # MAX_TILES_PER_TASK tiles.
     per_thread = chunk_rows_per_thread(vec, itemsize)
+    full_rows = min(per_thread * rows_threads, _round_up(rows, rows_threads))
     if direction == "bwd" and wide_itemsize > itemsize:
         # a wide backward's slot also holds float32 dy (3x x's bytes in 16 bits): half the rows, so
         # that GPUs with 100 KB of shared memory per SM hold a slot (none held one of 4 rows per
-        # thread: the plugin's residency model) and the H200 four instead of two
+        # thread: the plugin's residency model) and the H200 four instead of two. Its tiles keep the
+        # full chunk height (two half chunks): half-height tiles doubled the tiles to combine, and
+        # 2x320x64x64 bf16-autocast went from 39.7 to 47.4 us (H200, RESULTS.md session 12: 42.4 now)
         per_thread = max(1, per_thread // 2)
     chunk_rows = per_thread * rows_threads
     chunk_rows = min(chunk_rows, _round_up(rows, rows_threads))
-    rows_per_tile = max(chunk_rows, _round_up(-(-rows // MAX_TILES_PER_TASK), chunk_rows))
+    rows_per_tile = max(full_rows, _round_up(-(-rows // MAX_TILES_PER_TASK), chunk_rows))
     rows_per_tile = min(rows_per_tile, rows)
     if batch * (channels // window) >= 2**31 or rows_per_tile >= 2**31:
         return None  # the kernels index tasks and a tile's rows in 32 bits
