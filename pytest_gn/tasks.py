@@ -131,10 +131,10 @@ def geometry_rows(
     probe = schedule.task_tiling(channels, groups, 1 << 30, itemsize, "fwd")
     if probe is None:
         return ()
-    cr, most = probe.chunk_rows, schedule.MAX_TILES_PER_TASK
+    cr, most = probe.chunk_rows, schedule.max_tiles_per_task(channels, probe.window)
     found = []
     for q in range(1, MAX_ELEMENTS // (most * cr * channels) + 2):  # beyond: over MAX_ELEMENTS
-        # tiles of q > 1 chunks come only with more than MAX_TILES_PER_TASK x (q - 1) chunks per task
+        # tiles of q > 1 chunks come only with more than max_tiles_per_task x (q - 1) chunks per task
         for tiles in range(1 if q == 1 else most * (q - 1) // q, most + 1):
             rows = schedule.task_rows_for_tiles(channels, groups, itemsize, tiles, q)
             if not rows:

@@ -45,8 +45,11 @@ def test_task_rows_for_tiles_is_the_inverse_of_task_tiling(channels: int, groups
                 t = schedule.task_tiling(channels, groups, s, itemsize, "fwd") if s > 0 else None
                 assert t is None or (t.tiles_per_task, t.chunks_per_tile, t.chunk_rows) != (
                     tiles, q, full.chunk_rows), s  # fmt: skip
-    # tiles of several chunks only once a task has MAX_TILES_PER_TASK chunks and more
-    assert not schedule.task_rows_for_tiles(channels, groups, itemsize, 100, 2)
+    # tiles of several chunks only once a task has more than max_tiles_per_task chunks
+    most = schedule.max_tiles_per_task(channels, full.window)
+    assert schedule.task_rows_for_tiles(channels, groups, itemsize, most // 2 + 1, 2)
+    assert not schedule.task_rows_for_tiles(channels, groups, itemsize, most // 2, 2)
+    assert not schedule.task_rows_for_tiles(channels, groups, itemsize, most + 1, 1)
     assert not schedule.task_rows_for_tiles(4096, 1, 2, 4, 1)  # a window the task kernels do not cover
 
 

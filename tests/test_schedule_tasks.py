@@ -68,6 +68,30 @@ def test_tiles_cover_each_task_in_whole_chunks(aligned: bool) -> None:
         assert t.vec == 1 or (aligned and t.window * t.itemsize % schedule.VEC_BYTES == 0)
 
 
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_a_samples_tiles_stay_within_the_per_sample_budget(direction: str) -> None:
+    # the windows of a sample share MAX_TILES_PER_SAMPLE tiles: with 4 windows (C=512 fp16) a task has
+    # 64 tiles of 4 chunks (H200: 1x512x128x128 forward 29.8 -> 25.8 us against 256 tiles of 1 chunk),
+    # while a one-window sample keeps all 256 (1x128x1024x2048: 256 blocks busy)
+    def tiles(c: int, rows: int, batch: int = 1) -> tuple[int, int, int]:
+        t = schedule.task_tiling(c, 32 if c > 16 else c, rows, 2, direction, batch=batch)
+        assert t is not None
+        return t.tasks, t.tiles_per_task, t.chunks_per_tile
+
+    assert tiles(512, 128 * 128) == (4, 64, 4)
+    assert tiles(512, 256 * 256) == (4, 64, 16)
+    assert tiles(128, 1024 * 2048) == (1, 256, 128)
+    assert tiles(128, 256 * 256, batch=32) == (32, 256, 4)  # the budget is per sample, not per batch
+    assert tiles(1280, 16 * 16, batch=2)[1] == 6  # fewer chunks than the budget: a tile per chunk
+    for c in (64, 128, 256, 320, 512, 640, 1280, 2560):
+        for rows in (64, 4096, 65536, 1 << 20):
+            t = schedule.task_tiling(c, 32, rows, 2, direction)
+            assert t is not None
+            windows = c // t.window
+            assert t.tiles_per_task <= schedule.max_tiles_per_task(c, t.window)
+            assert t.tiles_per_task * windows <= max(schedule.MAX_TILES_PER_SAMPLE, windows)
+
+
 def test_tiling_depends_on_shape_dtype_and_alignment_only() -> None:
     # no device argument exists; the same shape gives the same tiling, whatever plan uses it
     a = schedule.task_tiling(128, 32, 65536, 2, "fwd", batch=32)

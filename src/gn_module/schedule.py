@@ -369,11 +369,16 @@ WINDOW_BYTES = 256
 #: Rows of a shared-memory chunk per thread (csrc kChunkRowsPerThread, a compile-time bound there so
 #: the row loops unroll): 4 rows of 16-byte vectors (16 KB chunks when the window's columns divide
 #: the block), 16 on the scalar path. A tile (the reduction unit) is one or more whole chunks, as
-#: many as keep a task within MAX_TILES_PER_TASK tiles, which bounds the combine (it reads tiles x
-#: groups partials).
+#: many as keep a sample within MAX_TILES_PER_SAMPLE tiles over its windows (`max_tiles_per_task`),
+#: which bounds the combine (it reads tiles x groups partials) and the per-tile folds.
 CHUNK_ROWS_PER_THREAD_VECTOR = 4
 CHUNK_ROWS_PER_THREAD_SCALAR = 16
-MAX_TILES_PER_TASK = 256
+#: Measured on the H200 (RESULTS.md, session 13): with 4 windows per sample, 64 tiles per task instead
+#: of 256 took 1x512x128x128's one-launch forward from 29.8 to 25.8 us and its stats launch from 17.5
+#: to 13.0 us (fewer folds per member, a quarter of the partials to combine); 256 tiles for the whole
+#: of a one-window sample keep 1x128x1024x2048's 256 blocks busy (64 tiles there: 440 -> 578 us).
+MAX_TILES_PER_SAMPLE = 256
+MAX_TILES_PER_TASK = MAX_TILES_PER_SAMPLE  # (one window per sample)
 #: Most chunks a block holds (csrc kMaxSlots: the copy pipeline waits with immediates 0..7).
 MAX_SLOTS = 8
 #: Persistent blocks per SM the one-pass grid aims for: two, so that one block's wait for its
@@ -385,6 +390,11 @@ ROUND_OVERHEAD_CHUNKS = 1
 TWO_PASS_NO_OVERFLOW = 1 << 30
 #: Synchronisation words per task (csrc kSyncWordsPerTask): arrivals, flag, column count.
 SYNC_WORDS_PER_TASK = 3
+
+
+def max_tiles_per_task(channels: int, window: int) -> int:
+    """Most tiles of one task: a sample's MAX_TILES_PER_SAMPLE shared by its C / window tasks (at least 1)."""
+    return max(1, MAX_TILES_PER_SAMPLE // (channels // window))
 
 
 def task_window(channels: int, groups: int, itemsize: int) -> int:
@@ -489,7 +499,7 @@ def task_tiling(
     rows_threads = THREADS // cols
     # Chunks are whole rows-thread strides (a thread keeps its rows across chunks); tiles are
     # whole chunks, at least one chunk of the full height, and as many as keep a task within
-    # MAX_TILES_PER_TASK tiles.
+    # max_tiles_per_task tiles.
     per_thread = chunk_rows_per_thread(vec, itemsize)
     full_rows = min(per_thread * rows_threads, _round_up(rows, rows_threads))
     if direction == "bwd" and wide_itemsize > itemsize:
@@ -501,7 +511,8 @@ def task_tiling(
         per_thread = max(1, per_thread // 2)
     chunk_rows = per_thread * rows_threads
     chunk_rows = min(chunk_rows, _round_up(rows, rows_threads))
-    rows_per_tile = max(full_rows, _round_up(-(-rows // MAX_TILES_PER_TASK), chunk_rows))
+    most = max_tiles_per_task(channels, window)
+    rows_per_tile = max(full_rows, _round_up(-(-rows // most), chunk_rows))
     rows_per_tile = min(rows_per_tile, rows)
     if batch * (channels // window) >= 2**31 or rows_per_tile >= 2**31:
         return None  # the kernels index tasks and a tile's rows in 32 bits
@@ -770,15 +781,17 @@ def task_rows_for_tiles(
     `chunks_per_tile` chunks of the full chunk height (a large tensor's chunk_rows): the inverse of
     `task_tiling`, empty when there is none (or the task kernels do not cover the channels).
 
-    `task_tiling` makes tiles of one chunk up to MAX_TILES_PER_TASK chunks per task, and beyond that
-    tiles of ceil(S / MAX_TILES_PER_TASK) rows rounded up to whole chunks; a slice shorter than a chunk
-    gets a shorter chunk. The ends of the range are checked against `task_tiling` itself.
+    `task_tiling` makes tiles of one chunk up to `max_tiles_per_task` (most) chunks per task, and beyond
+    that tiles of ceil(S / most) rows rounded up to whole chunks; a slice shorter than a chunk gets a
+    shorter chunk. The ends of the range are checked against `task_tiling` itself.
     """
     big = task_tiling(channels, groups, 1 << 30, itemsize, "fwd", aligned=aligned)
-    tiles, q = tiles_per_task, chunks_per_tile
-    if big is None or not 1 <= tiles <= MAX_TILES_PER_TASK or q < 1:
+    if big is None:
         return range(0)
-    cr, rt, most = big.chunk_rows, big.rows_threads, MAX_TILES_PER_TASK
+    tiles, q = tiles_per_task, chunks_per_tile
+    cr, rt, most = big.chunk_rows, big.rows_threads, max_tiles_per_task(channels, big.window)
+    if not 1 <= tiles <= most or q < 1:
+        return range(0)
     lo, hi = (tiles - 1) * q * cr + 1, tiles * q * cr
     if q == 1:
         lo, hi = max(lo, cr - rt + 1), min(hi, most * cr)  # shorter slices get shorter chunks
