@@ -77,10 +77,11 @@ ROTATING = "fused"
 DEFAULT_ACTS = (ROTATING, None)
 DEFAULT_RATIOS = ("x1", "x1p1", "x2p1", "x4p3")
 DEFAULT_SHAPE = (128, 16)  # (channels, groups) whose ids carry no cCgG suffix
-#: (channels, groups) of the task kernels' cases over 2**31 elements: two 256-byte windows per sample in
-#: bf16 (schedule.task_window), so two teams share the residency and the two-launch backward's members
-#: hold two of their task's 256 tiles (with one task of 256 tiles over 264 blocks none would).
-BIG_TASK_SHAPE = (256, 32)
+#: (channels, groups) of the task kernels' cases over 2**31 elements: eight 256-byte windows per sample in
+#: bf16 (schedule.task_window) of 64 tiles each (schedule.MIN_TILES_PER_TASK), so eight teams share the
+#: residency and the two-launch backward's members hold two of their task's tiles (with the 256 tiles a
+#: sample of one or two windows has, over 264 blocks, none would).
+BIG_TASK_SHAPE = (1024, 32)
 #: Default (C, G) pairs: 16-byte vectors; the scalar path of 16-bit types with 5 (odd) channels
 #: per group, and fp32 4-wide vectors that straddle groups; the scalar path of every dtype;
 #: a single group; one channel per group (a vector spans 4 or 8 groups).

@@ -70,7 +70,8 @@ def test_tiles_cover_each_task_in_whole_chunks(aligned: bool) -> None:
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_a_samples_tiles_stay_within_the_per_sample_budget(direction: str) -> None:
-    # the windows of a sample share MAX_TILES_PER_SAMPLE tiles: with 4 windows (C=512 fp16) a task has
+    # the windows of a sample share MAX_TILES_PER_SAMPLE tiles (a task at least MIN_TILES_PER_TASK):
+    # with 4 windows (C=512 fp16) a task has
     # 64 tiles of 4 chunks (H200: 1x512x128x128 forward 29.8 -> 25.8 us against 256 tiles of 1 chunk),
     # while a one-window sample keeps all 256 (1x128x1024x2048: 256 blocks busy)
     def tiles(c: int, rows: int, batch: int = 1) -> tuple[int, int, int]:
@@ -89,7 +90,9 @@ def test_a_samples_tiles_stay_within_the_per_sample_budget(direction: str) -> No
             assert t is not None
             windows = c // t.window
             assert t.tiles_per_task <= schedule.max_tiles_per_task(c, t.window)
-            assert t.tiles_per_task * windows <= max(schedule.MAX_TILES_PER_SAMPLE, windows)
+            most = max(schedule.MAX_TILES_PER_SAMPLE, windows * schedule.MIN_TILES_PER_TASK)
+            assert t.tiles_per_task * windows <= most
+    assert tiles(2048, 1 << 20) == (16, 64, 256)  # 16 windows: 64 tiles each (MIN_TILES_PER_TASK)
 
 
 def test_tiling_depends_on_shape_dtype_and_alignment_only() -> None:

@@ -379,6 +379,10 @@ CHUNK_ROWS_PER_THREAD_SCALAR = 16
 #: of a one-window sample keep 1x128x1024x2048's 256 blocks busy (64 tiles there: 440 -> 578 us).
 MAX_TILES_PER_SAMPLE = 256
 MAX_TILES_PER_TASK = MAX_TILES_PER_SAMPLE  # (one window per sample)
+#: ... but a task may always have this many: a sample of many windows (C >= 1024 in 16 bits) keeps
+#: more than 256 tiles, as many as its teams' members (so that a tensor over 2**31 elements, one
+#: sample, still gives 264 blocks several tiles each: the plugin's BIG_TASK_SHAPE).
+MIN_TILES_PER_TASK = 64
 #: Most chunks a block holds (csrc kMaxSlots: the copy pipeline waits with immediates 0..7).
 MAX_SLOTS = 8
 #: Persistent blocks per SM the one-pass grid aims for: two, so that one block's wait for its
@@ -393,8 +397,9 @@ SYNC_WORDS_PER_TASK = 3
 
 
 def max_tiles_per_task(channels: int, window: int) -> int:
-    """Most tiles of one task: a sample's MAX_TILES_PER_SAMPLE shared by its C / window tasks (at least 1)."""
-    return max(1, MAX_TILES_PER_SAMPLE // (channels // window))
+    """Most tiles of one task: a sample's MAX_TILES_PER_SAMPLE shared by its C / window tasks, and at
+    least MIN_TILES_PER_TASK."""
+    return max(MIN_TILES_PER_TASK, MAX_TILES_PER_SAMPLE // (channels // window))
 
 
 def task_window(channels: int, groups: int, itemsize: int) -> int:
