@@ -123,20 +123,21 @@ def plan_of(t: TaskTiling, schedule_: int, slots: int, residency: int, cap: int 
 
 @functools.lru_cache(maxsize=1024)
 def geometry_rows(
-    channels: int, groups: int, itemsize: int, geometry: str
+    channels: int, groups: int, itemsize: int, geometry: str, batch: int = 1
 ) -> tuple[tuple[int, int, int], ...]:
-    """(rows per sample, tiles per task, chunks per tile) of every task tiling of the geometry,
-    smallest first: whole tiles (even, batch), or a partial last tile (partial: half a chunk short,
-    and with tiles of several chunks one chunk and a half, so its last chunk holds no row)."""
+    """(rows per sample, tiles per task, chunks per tile) of every task tiling of `batch` samples of
+    the geometry, smallest first: whole tiles (even, batch), or a partial last tile (partial: half a
+    chunk short, and with tiles of several chunks one chunk and a half, so its last chunk holds no
+    row). A batch shares a launch's tiles (schedule.max_tiles_per_task), so it has its own list."""
     probe = schedule.task_tiling(channels, groups, 1 << 30, itemsize, "fwd")
     if probe is None:
         return ()
-    cr, most = probe.chunk_rows, schedule.max_tiles_per_task(channels, probe.window)
+    cr, most = probe.chunk_rows, schedule.max_tiles_per_task(channels, probe.window, batch)
     found = []
-    for q in range(1, MAX_ELEMENTS // (most * cr * channels) + 2):  # beyond: over MAX_ELEMENTS
+    for q in range(1, MAX_ELEMENTS // (batch * most * cr * channels) + 2):  # beyond: over MAX_ELEMENTS
         # tiles of q > 1 chunks come only with more than max_tiles_per_task x (q - 1) chunks per task
         for tiles in range(1 if q == 1 else most * (q - 1) // q, most + 1):
-            rows = schedule.task_rows_for_tiles(channels, groups, itemsize, tiles, q)
+            rows = schedule.task_rows_for_tiles(channels, groups, itemsize, tiles, q, batch=batch)
             if not rows:
                 continue
             s = rows.stop - 1
@@ -144,9 +145,29 @@ def geometry_rows(
                 s -= cr // 2 if q == 1 else cr + cr // 2
                 if tiles < 2 or s not in rows or s % (q * cr) == 0:
                     continue
-            if s * channels <= MAX_ELEMENTS:
+            if batch * s * channels <= MAX_ELEMENTS:
                 found.append((s, tiles, q))
     return tuple(sorted(found))
+
+
+def same_tiles_batch(channels: int, groups: int, itemsize: int, batch: int) -> int:
+    """1 where `batch` samples tile as one does (the launch's tile budget does not bind), else `batch`:
+    the samples whose `geometry_rows` list is the batch's, so that the search computes one list for
+    every batch the budget leaves alone."""
+    probe = schedule.task_tiling(channels, groups, 1 << 30, itemsize, "fwd")
+    if probe is None:
+        return batch
+    most = schedule.max_tiles_per_task(channels, probe.window, batch)
+    return 1 if most == schedule.max_tiles_per_task(channels, probe.window) else batch
+
+
+def geometry_holds(t: TaskTiling, geometry: str) -> bool:
+    """Whether a tiling has its geometry's tiles: a partial last tile and chunk (partial), else whole
+    tiles. `geometry_rows` lists one sample's tilings; a batch may tile more coarsely
+    (schedule.MAX_TILES_PER_LAUNCH), so the search checks the tiling it gets."""
+    if geometry == "partial":
+        return bool(t.rows % t.rows_per_tile and t.rows % t.chunk_rows and t.tiles_per_task >= 2)
+    return t.rows % t.rows_per_tile == 0
 
 
 def near_rank(count: int, want: int) -> int:
@@ -206,18 +227,23 @@ class TaskCases:
         that run several tasks (rounds > 1). CaseUnavailable when none fits."""
         slots, residency = self.scope_gpu(spec, model)
         c, g, item, wide = spec.channels, spec.groups, spec.itemsize, spec.wide_itemsize
-        rows = geometry_rows(c, g, item, "partial" if spec.geometry == "partial" else "even")
+        kind = "partial" if spec.geometry == "partial" else "even"
         groups = self.batch_samples if spec.geometry == "batch" else (EVEN_SAMPLES[:2], EVEN_SAMPLES[2:])
         best: tuple[int, int, int, int] | None = None  # (rank, elements, samples, rows)
         for samples_set in groups:
             order = sorted(
-                (n * s, n, s) for n in samples_set for s, _, _ in rows if n * s * c <= MAX_ELEMENTS
+                (n * s, n, s)
+                for n in samples_set
+                for s, _, _ in geometry_rows(c, g, item, kind, same_tiles_batch(c, g, item, n))
+                if n * s * c <= MAX_ELEMENTS
             )
             for size, n, s in order:
                 if best is not None and best[0] == 0:
                     break
                 t = schedule.task_tiling(c, g, s, item, self.direction, batch=n, wide_itemsize=wide)
                 assert t is not None
+                if not geometry_holds(t, spec.geometry):
+                    continue
                 p = plan_of(t, self.schedule, slots, residency, cap)
                 rank = self.rank(spec.ratio, p)
                 if rank is None or (spec.geometry == "batch" and p.teams.rounds < 2):

@@ -161,6 +161,7 @@ def assert_geometry(case: GnCase, t: TaskTiling, p: TaskPlan) -> None:
         assert rows % t.rows_per_tile and rows % t.chunk_rows and t.tiles_per_task >= 2, spec.id
     else:
         assert rows % t.rows_per_tile == 0, spec.id
+    assert tasks.geometry_holds(t, spec.geometry), spec.id
     if spec.geometry == "batch":
         assert n >= 2 and p.teams.rounds >= 2, spec.id
     else:

@@ -82,7 +82,9 @@ def test_a_samples_tiles_stay_within_the_per_sample_budget(direction: str) -> No
     assert tiles(512, 128 * 128) == (4, 64, 4)
     assert tiles(512, 256 * 256) == (4, 64, 16)
     assert tiles(128, 1024 * 2048) == (1, 256, 128)
-    assert tiles(128, 256 * 256, batch=32) == (32, 256, 4)  # the budget is per sample, not per batch
+    assert tiles(128, 256 * 256, batch=16) == (16, 256, 4)  # 4096 tiles: the per-sample budget holds
+    assert tiles(128, 256 * 256, batch=32) == (32, 128, 8)  # a launch's budget: 4096 tiles
+    assert tiles(320, 64 * 64, batch=32) == (64, 43, 2)  # batch-32 UNet block: 43 tiles of 2 chunks
     assert tiles(1280, 16 * 16, batch=2)[1] == 6  # fewer chunks than the budget: a tile per chunk
     for c in (64, 128, 256, 320, 512, 640, 1280, 2560):
         for rows in (64, 4096, 65536, 1 << 20):
@@ -169,11 +171,11 @@ def test_plans_grid_and_workspace() -> None:
 
 
 def test_reread_tiles_counts_the_chunks_members_cannot_keep() -> None:
-    # 32x128x256x256 fp16: 32 tasks (256-byte rows) of 256 tiles of 4 chunks; 256-member teams hold
+    # 8x128x256x256 fp16: 8 tasks (256-byte rows) of 256 tiles of 4 chunks; 256-member teams hold
     # their one tile each
-    t = schedule.task_tiling(128, 32, 65536, 2, "fwd", batch=32)
+    t = schedule.task_tiling(128, 32, 65536, 2, "fwd", batch=8)
     cpt = t.chunks_per_tile
-    assert (t.tasks, t.tiles_per_task, cpt) == (32, 256, 4)
+    assert (t.tasks, t.tiles_per_task, cpt) == (8, 256, 4)
     kept = schedule.make_task_plan(t, 1, 6, residency=264)
     assert kept.teams.overflow_chunks == 0 and kept.reread_tiles == 0
     # cap 7: one team of 7, members of 36-37 tiles (144-148 chunks) holding 6 chunks: 35-36 tiles re-read
