@@ -123,21 +123,24 @@ def plan_of(t: TaskTiling, schedule_: int, slots: int, residency: int, cap: int 
 
 @functools.lru_cache(maxsize=1024)
 def geometry_rows(
-    channels: int, groups: int, itemsize: int, geometry: str, batch: int = 1
+    channels: int, groups: int, itemsize: int, geometry: str, batch: int = 1, direction: str = "fwd"
 ) -> tuple[tuple[int, int, int], ...]:
     """(rows per sample, tiles per task, chunks per tile) of every task tiling of `batch` samples of
     the geometry, smallest first: whole tiles (even, batch), or a partial last tile (partial: half a
     chunk short, and with tiles of several chunks one chunk and a half, so its last chunk holds no
-    row). A batch shares a launch's tiles (schedule.max_tiles_per_task), so it has its own list."""
-    probe = schedule.task_tiling(channels, groups, 1 << 30, itemsize, "fwd")
+    row). A batch shares a launch's tiles (schedule.max_tiles_per_task, per direction), so it has its
+    own list."""
+    probe = schedule.task_tiling(channels, groups, 1 << 30, itemsize, direction)
     if probe is None:
         return ()
-    cr, most = probe.chunk_rows, schedule.max_tiles_per_task(channels, probe.window, batch)
+    cr, most = probe.chunk_rows, schedule.max_tiles_per_task(channels, probe.window, batch, direction)
     found = []
     for q in range(1, MAX_ELEMENTS // (batch * most * cr * channels) + 2):  # beyond: over MAX_ELEMENTS
         # tiles of q > 1 chunks come only with more than max_tiles_per_task x (q - 1) chunks per task
         for tiles in range(1 if q == 1 else most * (q - 1) // q, most + 1):
-            rows = schedule.task_rows_for_tiles(channels, groups, itemsize, tiles, q, batch=batch)
+            rows = schedule.task_rows_for_tiles(
+                channels, groups, itemsize, tiles, q, batch=batch, direction=direction
+            )
             if not rows:
                 continue
             s = rows.stop - 1
@@ -150,15 +153,15 @@ def geometry_rows(
     return tuple(sorted(found))
 
 
-def same_tiles_batch(channels: int, groups: int, itemsize: int, batch: int) -> int:
+def same_tiles_batch(channels: int, groups: int, itemsize: int, batch: int, direction: str = "fwd") -> int:
     """1 where `batch` samples tile as one does (the launch's tile budget does not bind), else `batch`:
     the samples whose `geometry_rows` list is the batch's, so that the search computes one list for
     every batch the budget leaves alone."""
-    probe = schedule.task_tiling(channels, groups, 1 << 30, itemsize, "fwd")
+    probe = schedule.task_tiling(channels, groups, 1 << 30, itemsize, direction)
     if probe is None:
         return batch
-    most = schedule.max_tiles_per_task(channels, probe.window, batch)
-    return 1 if most == schedule.max_tiles_per_task(channels, probe.window) else batch
+    most = schedule.max_tiles_per_task(channels, probe.window, batch, direction)
+    return 1 if most == schedule.max_tiles_per_task(channels, probe.window, 1, direction) else batch
 
 
 def geometry_holds(t: TaskTiling, geometry: str) -> bool:
@@ -234,7 +237,9 @@ class TaskCases:
             order = sorted(
                 (n * s, n, s)
                 for n in samples_set
-                for s, _, _ in geometry_rows(c, g, item, kind, same_tiles_batch(c, g, item, n))
+                for s, _, _ in geometry_rows(
+                    c, g, item, kind, same_tiles_batch(c, g, item, n, self.direction), self.direction
+                )
                 if n * s * c <= MAX_ELEMENTS
             )
             for size, n, s in order:

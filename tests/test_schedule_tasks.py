@@ -82,9 +82,21 @@ def test_a_samples_tiles_stay_within_the_per_sample_budget(direction: str) -> No
     assert tiles(512, 128 * 128) == (4, 64, 4)
     assert tiles(512, 256 * 256) == (4, 64, 16)
     assert tiles(128, 1024 * 2048) == (1, 256, 128)
-    assert tiles(128, 256 * 256, batch=16) == (16, 256, 4)  # 4096 tiles: the per-sample budget holds
-    assert tiles(128, 256 * 256, batch=32) == (32, 128, 8)  # a launch's budget: 4096 tiles
-    assert tiles(320, 64 * 64, batch=32) == (64, 43, 2)  # batch-32 UNet block: 43 tiles of 2 chunks
+    assert tiles(128, 256 * 256, batch=8) == (8, 256, 4)  # 2048 tiles: the per-sample budget holds
+    # a launch's budget (MAX_TILES_PER_LAUNCH): 2048 tiles forward, 4096 backward
+    if direction == "fwd":
+        assert tiles(128, 256 * 256, batch=16) == (16, 128, 8)
+        assert tiles(128, 256 * 256, batch=32) == (32, 64, 16)
+        assert tiles(320, 64 * 64, batch=32) == (64, 29, 3)  # batch-32 UNet block: 29 tiles of 3 chunks
+        assert tiles(512, 64 * 64, batch=16) == (64, 32, 2)
+    else:
+        assert tiles(128, 256 * 256, batch=16) == (16, 256, 4)
+        assert tiles(128, 256 * 256, batch=32) == (32, 128, 8)
+        assert tiles(320, 64 * 64, batch=32) == (64, 43, 2)
+        assert tiles(512, 64 * 64, batch=16) == (64, 64, 1)
+    for c, rows, batch in ((128, 256 * 256, 32), (320, 64 * 64, 32), (512, 64 * 64, 16), (128, 1 << 20, 64)):
+        t = schedule.task_tiling(c, 32, rows, 2, direction, batch=batch)
+        assert t.tasks * t.tiles_per_task <= schedule.MAX_TILES_PER_LAUNCH[direction]
     assert tiles(1280, 16 * 16, batch=2)[1] == 6  # fewer chunks than the budget: a tile per chunk
     for c in (64, 128, 256, 320, 512, 640, 1280, 2560):
         for rows in (64, 4096, 65536, 1 << 20):

@@ -383,14 +383,14 @@ MAX_TILES_PER_TASK = MAX_TILES_PER_SAMPLE  # (one window per sample)
 #: more than 256 tiles, as many as its teams' members (so that a tensor over 2**31 elements, one
 #: sample, still gives 264 blocks several tiles each: the plugin's BIG_TASK_SHAPE).
 MIN_TILES_PER_TASK = 64
-#: Tiles of a whole launch (batch x windows x tiles per task), once a batch has so many samples that
-#: the per-sample budget would give more: 16 one-window samples of 256 tiles. Measured on the H200
-#: (RESULTS.md, session 13) on 32x128x256x256 against 256 tiles of 4 chunks per task: 64 tiles of 16
-#: (a budget of 2048) forward 454.4 -> 440.2 us, stats launch 182.0 -> 161.1 us; 32 of 32 (1024)
-#: forward 457.0 -> 436.1 us, backward 738.6 -> 721.0 us. Of 2048, 2560, 3072 and 4096, only 4096
-#: (128 tiles of 8) leaves the plugin's backward batch cases their ratios (x4p3 on 264-340 resident
-#: blocks); not yet measured.
-MAX_TILES_PER_LAUNCH = 4096
+#: Tiles of a whole launch (batch x windows x tiles per task), per direction, once a batch has so many
+#: samples that the per-sample budget would give more. Fewer, larger tiles mean fewer per-tile folds
+#: and partials: on the H200 (RESULTS.md, session 14), forward 16x512x64x64 76.0 -> 66.6 us and
+#: 32x320x64x64 92.3 -> 89.9 us at 2048 against 4096 (107.5 us without a launch budget), backward
+#: 129.7 -> 121.0 and 162.5 -> 159.8 us. The backward keeps 4096: at 2048 no batch shape gives its
+#: plugin cases of x4p3 team sizes of tiles with several rounds on 264-340 resident blocks (11 cases
+#: on the H100, H200, B200 and RTX 4090/5090 profiles).
+MAX_TILES_PER_LAUNCH = {"fwd": 2048, "bwd": 4096}
 #: Most chunks a block holds (csrc kMaxSlots: the copy pipeline waits with immediates 0..7).
 MAX_SLOTS = 8
 #: Persistent blocks per SM the one-pass grid aims for: two, so that one block's wait for its
@@ -404,13 +404,13 @@ TWO_PASS_NO_OVERFLOW = 1 << 30
 SYNC_WORDS_PER_TASK = 3
 
 
-def max_tiles_per_task(channels: int, window: int, batch: int = 1) -> int:
+def max_tiles_per_task(channels: int, window: int, batch: int = 1, direction: str = "fwd") -> int:
     """Most tiles of one task: a sample's MAX_TILES_PER_SAMPLE shared by its C / window tasks (at least
-    MIN_TILES_PER_TASK), and a launch's MAX_TILES_PER_LAUNCH shared by its batch x C / window tasks (at
-    least 1)."""
+    MIN_TILES_PER_TASK), and a launch's MAX_TILES_PER_LAUNCH[direction] shared by its batch x C / window
+    tasks (at least 1)."""
     windows = channels // window
     per_sample = max(MIN_TILES_PER_TASK, MAX_TILES_PER_SAMPLE // windows)
-    return max(1, min(per_sample, MAX_TILES_PER_LAUNCH // (batch * windows)))
+    return max(1, min(per_sample, MAX_TILES_PER_LAUNCH[direction] // (batch * windows)))
 
 
 def task_window(channels: int, groups: int, itemsize: int) -> int:
@@ -527,7 +527,7 @@ def task_tiling(
         per_thread = max(1, per_thread // 2)
     chunk_rows = per_thread * rows_threads
     chunk_rows = min(chunk_rows, _round_up(rows, rows_threads))
-    most = max_tiles_per_task(channels, window, batch)
+    most = max_tiles_per_task(channels, window, batch, direction)
     rows_per_tile = max(full_rows, _round_up(-(-rows // most), chunk_rows))
     rows_per_tile = min(rows_per_tile, rows)
     if batch * (channels // window) >= 2**31 or rows_per_tile >= 2**31:
@@ -793,20 +793,26 @@ def task_rows_for_tiles(
     *,
     aligned: bool = True,
     batch: int = 1,
+    direction: str = "fwd",
 ) -> range:
-    """Every S (rows per sample) whose `task_tiling` of `batch` samples has exactly `tiles_per_task`
-    tiles of `chunks_per_tile` chunks of the full chunk height (a large tensor's chunk_rows): the
-    inverse of `task_tiling`, empty when there is none (or the task kernels do not cover the channels).
+    """Every S (rows per sample) whose `task_tiling` of `batch` samples in `direction` has exactly
+    `tiles_per_task` tiles of `chunks_per_tile` chunks of the full chunk height (a large tensor's
+    chunk_rows): the inverse of `task_tiling`, empty when there is none (or the task kernels do not
+    cover the channels).
 
     `task_tiling` makes tiles of one chunk up to `max_tiles_per_task` (most) chunks per task, and beyond
     that tiles of ceil(S / most) rows rounded up to whole chunks; a slice shorter than a chunk gets a
     shorter chunk. The ends of the range are checked against `task_tiling` itself.
     """
-    big = task_tiling(channels, groups, 1 << 30, itemsize, "fwd", aligned=aligned)
+    big = task_tiling(channels, groups, 1 << 30, itemsize, direction, aligned=aligned)
     if big is None:
         return range(0)
     tiles, q = tiles_per_task, chunks_per_tile
-    cr, rt, most = big.chunk_rows, big.rows_threads, max_tiles_per_task(channels, big.window, batch)
+    cr, rt, most = (
+        big.chunk_rows,
+        big.rows_threads,
+        max_tiles_per_task(channels, big.window, batch, direction),
+    )
     if not 1 <= tiles <= most or q < 1:
         return range(0)
     lo, hi = (tiles - 1) * q * cr + 1, tiles * q * cr
@@ -817,7 +823,7 @@ def task_rows_for_tiles(
     if lo > hi:
         return range(0)
     for rows in (lo, hi):
-        t = task_tiling(channels, groups, rows, itemsize, "fwd", aligned=aligned, batch=batch)
+        t = task_tiling(channels, groups, rows, itemsize, direction, aligned=aligned, batch=batch)
         if t is None or (t.tiles_per_task, t.chunks_per_tile, t.chunk_rows) != (tiles, q, cr):
             raise RuntimeError(f"task_rows_for_tiles disagrees with task_tiling at S={rows}: {t}")
     return range(lo, hi + 1)
