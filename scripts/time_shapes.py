@@ -1,0 +1,106 @@
+"""Time `ours auto` on shapes outside the benchmark's fixed cases (GPU), for A/B runs of kernel trees.
+
+    python scripts/time_shapes.py 32x320x64x64 32x128x256x256:G32 1x512x128x128:G32:silu [--dtype fp16]
+        [--directions fwd,bwd] [--json PATH]
+
+Each shape is NxCxHxW (or NxCxDxHxW), optionally followed by :G<groups> (default 32) and :silu. The
+timer is the benchmark's (CUDA events, L2 flushed, median); TB/s counts the minimum bytes (forward x
+and y, backward x, dy and dx) and SOL divides by the copy bandwidth measured in the same run. The plan
+printed beside each row is `gn_module.plan`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import gn_module
+from gn_module import ops
+from gn_module.bench.timing import EventTimer, copy_bandwidth, time_cuda
+
+DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def parse(spec: str) -> tuple[tuple[int, ...], int, str | None]:
+    """'32x320x64x64:G32:silu' -> ((32, 320, 64, 64), 32, 'silu')."""
+    head, *opts = spec.split(":")
+    shape = tuple(int(v) for v in head.split("x"))
+    groups, act = 32, None
+    for o in opts:
+        if o.startswith("G"):
+            groups = int(o[1:])
+        elif o in ("silu", "relu", "gelu"):
+            act = o
+        else:
+            raise SystemExit(f"unknown option {o!r} in {spec!r}")
+    return shape, groups, act
+
+
+def time_shape(spec: str, dname: str, directions: list[str], timer: EventTimer, copy: float) -> list[dict]:
+    """Rows for one shape: each direction of `ours auto` timed, with its plan."""
+    shape, groups, act = parse(spec)
+    dtype = DT[dname]
+    act_id = 0 if act is None else 1
+    g = torch.Generator(device="cuda").manual_seed(0)
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    x = torch.empty(shape, device="cuda", dtype=dtype).to(memory_format=fmt)
+    x.normal_(3.0, 2.0, generator=g)
+    dy = torch.empty_like(x).normal_(0.0, 1.0, generator=g)
+    w = torch.empty(shape[1], device="cuda").normal_(1.0, 0.2, generator=g).to(dtype)
+    b = torch.empty(shape[1], device="cuda").normal_(0.0, 0.2, generator=g).to(dtype)
+    with torch.no_grad():
+        _, mean, rstd = ops.forward(x, w, b, groups, 1e-5, act_id, "auto")
+
+    def forward():
+        with torch.no_grad():
+            return gn_module.group_norm(x, groups, w, b, 1e-5, act)
+
+    def backward():
+        return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, "auto")
+
+    rows = []
+    for direction in directions:
+        fn, tensors = (forward, 2) if direction == "fwd" else (backward, 3)
+        t = time_cuda(fn, reps=50, warmup=5, min_reps=10, max_seconds=0.2, timer=timer)
+        tbps = tensors * x.numel() * x.element_size() / t.median_us / 1e6
+        plan = ops.plan(x.shape, groups, dtype, direction, "auto")
+        tiling = plan.tiling
+        row = {"shape": spec, "dtype": dname, "dir": direction, "us": round(t.median_us, 2),
+               "iqr_us": round(t.iqr_us, 2), "tbps": round(tbps, 3), "sol": round(tbps / copy, 3),
+               "tiles_per_task": getattr(tiling, "tiles_per_task", None),
+               "tasks": getattr(tiling, "tasks", None), "grid": plan.grid,
+               "schedule": plan.schedule}  # fmt: skip
+        rows.append(row)
+        print(
+            f"{spec:28} {direction} {row['us']:9.2f} us (IQR {row['iqr_us']:.2f}) {tbps:6.3f} TB/s "
+            f"SOL {row['sol']:.3f}  tasks={row['tasks']} tiles/task={row['tiles_per_task']} "
+            f"grid={plan.grid} sched={plan.schedule}"
+        )
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shapes", nargs="+")
+    ap.add_argument("--dtype", default="fp16", choices=sorted(DT))
+    ap.add_argument("--directions", default="fwd,bwd")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
+    copy = copy_bandwidth(timer=timer).tbps
+    print(f"copy bandwidth {copy:.3f} TB/s")
+    rows = []
+    for spec in args.shapes:
+        rows += time_shape(spec, args.dtype, args.directions.split(","), timer, copy)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"copy_tbps": copy, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
