@@ -165,11 +165,13 @@ def same_tiles_batch(channels: int, groups: int, itemsize: int, batch: int, dire
 
 
 def geometry_holds(t: TaskTiling, geometry: str) -> bool:
-    """Whether a tiling has its geometry's tiles: a partial last tile and chunk (partial), else whole
-    tiles. `geometry_rows` lists one sample's tilings; a batch may tile more coarsely
-    (schedule.MAX_TILES_PER_LAUNCH), so the search checks the tiling it gets."""
+    """Whether a tiling has its geometry's tiles: a partial last tile (partial), else whole tiles.
+    `geometry_rows` lists one sample's tilings; a batch may tile more coarsely
+    (schedule.MAX_TILES_PER_LAUNCH), so the search checks the tiling it gets. (The partial last chunk
+    is the rows' own, relative to the full chunk height, which no budget changes; a wide backward's
+    half-height chunks may end whole there.)"""
     if geometry == "partial":
-        return bool(t.rows % t.rows_per_tile and t.rows % t.chunk_rows and t.tiles_per_task >= 2)
+        return bool(t.rows % t.rows_per_tile and t.tiles_per_task >= 2)
     return t.rows % t.rows_per_tile == 0
 
 

@@ -73,6 +73,21 @@ def test_wide_backward_cases_are_sized_with_float32_dy_slots() -> None:
     assert fwd.task is not None and fwd.task.chunks == fwd.task.model_slots + 1  # x1p1: one chunk re-read
 
 
+def test_every_wide_case_resolves_on_an_h200_like_gpu() -> None:
+    """Every wide case, natural and capped, has a shape on 132 SMs x 2 blocks (the partial backward
+    cases too: their half-height chunks end whole where the rows end half a full chunk short)."""
+    budget = schedule.smem_budget(233472, 232448, 1024)
+
+    def model(t: schedule.TaskTiling) -> tuple[int, int]:
+        return schedule.task_slots(t, budget), 264
+
+    wide = specs_from_marker({}, archs=("wide",))
+    for spec in wide:
+        case = tasks_bwd.resolver_of(spec)(spec, model, cap=spec.cap)  # raises CaseUnavailable
+        assert case.task is not None, spec.id
+    assert {s.geometry for s in wide if s.direction == "bwd"} >= {"partial"}
+
+
 def test_wide_inputs_have_a_float32_dy() -> None:
     import torch
 
