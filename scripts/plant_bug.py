@@ -42,6 +42,11 @@ FWD_ONEPASS_TILE_CALL = "    fwd_tile<T, V, kBatchOnepassForward>(a, t, is_last 
 TILE_OFFSET = "  __device__ int64_t offset(const GnArgs& a) const { return (n * a.s + row0) * a.c; }"
 TILE_SAMPLE = "    n = tile / a.tiles_per_slice;"
 TASK_FINISH_TILE = "          finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);"
+# member_stats: a chunk's rows summed from its slot
+TASK_STATS_ROWS = (
+    "        if (lane.active) accumulate_rows<T, V>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), "
+    "shift, s1, s2);"
+)
 # member_bwd_stats: a tile's per-channel partial written to the workspace
 TASK_BWD_TILE_PARTIAL = (
     "          write_tile_partials(a, sm.chan, sm.param, parts + tile * a.window, gparts + tile * gw);"
@@ -187,6 +192,14 @@ PLANTINGS = {
         "          if (threadIdx.x == 0 && s1[0] == 1234.5f)\n"
         "            parts[tile] = make_float2(s1[V - 1], s2[V - 1]);",
         "task forward stats: no per-tile fold (two barriers, shuffles) and no tile partial",
+        "fwd-tasks", False,
+    ),
+    "timing-fwd-copy-only": Planting(
+        "gn_tasks.cuh",
+        TASK_STATS_ROWS,
+        "        // PLANTED (timing only): the chunks are copied and waited for, never read",
+        "task forward stats: the copy ring alone (no shared-memory reads, no arithmetic; the per-tile fold "
+        "stays), the ceiling of the kernel's copy pipeline",
         "fwd-tasks", False,
     ),
 }  # fmt: skip

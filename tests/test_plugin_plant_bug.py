@@ -39,6 +39,7 @@ TIMING_PLANTING_SOURCES = {
     "timing-bwd-no-param-sums": "gn_backward_tasks.cu",
     "timing-fwd-less-math": "gn_forward.cu",
     "timing-fwd-no-fold": "gn_forward.cu",
+    "timing-fwd-copy-only": "gn_forward.cu",
 }
 
 
