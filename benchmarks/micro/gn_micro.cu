@@ -1335,7 +1335,9 @@ static void measure_order() {
   for (const void* f : {(const void*)k_stream_cpasync<false, false>, (const void*)k_stream_cpasync<false, true>,
                         (const void*)k_stream_cpasync<true, false>, (const void*)k_stream_cpasync<true, true>})
     CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
-  auto run = [&](int C, int W, int chunk_kb, bool write, bool ranges, int cps) {
+  // smem_pad / grid_set (0: the defaults): the task stats launch's 109056 bytes of shared memory per block
+  // and its grid of 256, to tell whether either is why that launch reads slower than this ring.
+  auto run = [&](int C, int W, int chunk_kb, bool write, bool ranges, int cps, size_t smem_pad = 0, int grid_set = 0) {
     const long long rows = 512ll * kMiB / (2ll * C) / 6144 * 6144;
     const long long tensor_bytes = rows * 2ll * C;
     StreamArgs a{};
@@ -1354,12 +1356,13 @@ static void measure_order() {
                            : (ranges ? (const void*)k_stream_cpasync<false, true> : (const void*)k_stream_cpasync<false, false>);
     size_t smem = kStreamSmem;
     if (cps) smem = std::max(smem, (size_t)g_dev.smem_per_sm / (cps + 1) - g_dev.smem_reserved + 128);
+    if (smem_pad) smem = smem_pad;
     const int occ = occupancy(fn, kStreamThreads, smem);
     if (occ == 0 || (cps && occ != cps)) {
       fprintf(stderr, "order: skipping C=%d W=%d cps=%d (occupancy %d)\n", C, W, cps, occ);
       return;
     }
-    const int grid = static_cast<int>(std::min<long long>(a.nchunks, (long long)occ * g_dev.sms));
+    const int grid = grid_set ? grid_set : static_cast<int>(std::min<long long>(a.nchunks, (long long)occ * g_dev.sms));
     auto launch = [&] {
       if (write && ranges) k_stream_cpasync<true, true><<<grid, kStreamThreads, smem, g_s>>>(a);
       if (write && !ranges) k_stream_cpasync<true, false><<<grid, kStreamThreads, smem, g_s>>>(a);
@@ -1370,7 +1373,8 @@ static void measure_order() {
     const double us = median_us(2, 12, flush_l2, launch);
     const double tbs = tensor_bytes * (write ? 2.0 : 1.0) / us / 1e6;
     t.rows.push_back({istr(C), W == C ? std::string("all ") + istr(C) : istr(W), istr(chunk_kb), write ? "read+write" : "read",
-                      ranges ? "ranges" : "grid-stride", istr(occ) + (cps ? "*" : ""), istr(grid), fmt("%.1f", us),
+                      std::string(ranges ? "ranges" : "grid-stride") + (smem_pad ? " smem " + istr((int)(smem_pad / 1024)) + " KB" : ""),
+                      istr(occ) + (cps ? "*" : ""), istr(grid), fmt("%.1f", us),
                       fmt("%.3f", tbs), fmt("%.3f", tbs / g_copy_tbs)});
   };
   // C=128 in one 128-channel window (1x128x1024x2048, 32x128x256x256), C=512 in 64-channel windows
@@ -1379,6 +1383,10 @@ static void measure_order() {
     for (bool write : {false, true})
       for (int cps : {2, 0})
         for (bool ranges : {false, true}) run(cw[0], cw[1], 64, write, ranges, cps);
+  // the task stats launch's shared memory (6 slots of 16 KB + scratch: 109056 B) and grid (256), read only
+  run(128, 128, 64, false, true, 2, 109056, 0);
+  run(128, 128, 64, false, true, 2, 0, 256);
+  run(128, 128, 64, false, true, 2, 109056, 256);
   for (auto& r : t.rows) g_summary.push_back("order C=" + r[0] + " W=" + r[1] + " " + r[3] + " " + r[4] + " " + r[5] +
                                              " CTA/SM: " + r[8] + " TB/s (" + r[9] + " of copy)");
   emit(t);
