@@ -138,7 +138,8 @@ def test_a_shape_the_task_kernels_do_not_cover_is_unavailable() -> None:
 
 def test_resolution_is_quick_enough_for_a_sweep() -> None:
     specs = [s for s in SPECS if s.profile == "GB10" or (s.profile is None and not s.big)]
-    assert helpers.seconds_to_resolve(resolve.__wrapped__, specs) < 30  # 72 cases, cold (about 5 s here)
+    # 72 cases, cold: 21-23 s on the 2-core dev machine
+    assert helpers.seconds_to_resolve(resolve.__wrapped__, specs) < 30
 
 
 # ------------------------------------------------------------------ every tile in both launches
