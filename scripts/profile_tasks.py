@@ -4,6 +4,9 @@ python scripts/profile_tasks.py [--once]     # --once: one call per shape (under
 python scripts/profile_tasks.py --trace      # the one-pass forward's phases per block
 python scripts/profile_tasks.py --trace-bwd  # the task backward's phases per block and its launches' times
 python scripts/profile_tasks.py --launches-fwd  # the two-launch forward's stats and apply launches' times
+
+GN_PROFILE_SHAPES="1x128x1024x2048:G16,32x128x240x256" replaces the fixed shapes (NxCxHxW[:G<groups>][:silu],
+groups 32 by default), e.g. to time the stats launch on member ranges that are not powers of two.
 """
 
 from __future__ import annotations
@@ -23,6 +26,24 @@ SHAPES = [
     ((32, 128, 256, 256), 32, None),
     ((1, 128, 1024, 2048), 16, None),
 ]
+
+
+def parse_shape(spec: str) -> tuple[tuple[int, ...], int, str | None]:
+    """'32x320x64x64:G32:silu' -> ((32, 320, 64, 64), 32, 'silu') (scripts/time_shapes.py's format)."""
+    head, *opts = spec.split(":")
+    groups, act = 32, None
+    for o in opts:
+        if o.startswith("G"):
+            groups = int(o[1:])
+        elif o == "silu":
+            act = o
+        else:
+            raise SystemExit(f"unknown option {o!r} in {spec!r}")
+    return tuple(int(v) for v in head.split("x")), groups, act
+
+
+if os.environ.get("GN_PROFILE_SHAPES"):
+    SHAPES = [parse_shape(s) for s in os.environ["GN_PROFILE_SHAPES"].split(",") if s]
 
 
 #: One-pass trace points per round r: 1+4r stats done, 2+4r arrived, 3+4r mean/rstd in smem, 4+4r applied.
@@ -166,6 +187,8 @@ def launch_times(call, name_part: str, flush: torch.Tensor, calls: int = 10) -> 
 def launches_forward() -> int:
     """The two-launch forward (passes=2) per shape: each launch's device time and the stats launch's
     read rate / the apply launch's read + write rate (TB/s)."""
+    from gn_module import ops
+
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for shape, groups, act in SHAPES:
         x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
@@ -178,7 +201,10 @@ def launches_forward() -> int:
 
         call()
         nbytes = x.numel() * x.element_size()
+        plan = ops.plan(x.shape, groups, x.dtype, "fwd", 2)
+        t = plan.tiling
         print(f"{'x'.join(map(str, shape))} forward, two launches ({nbytes / 2**20:.0f} MiB per tensor)")
+        print(f"  grid {plan.grid} {plan.teams}; tiles per task {t.tiles_per_task} of {t.rows_per_tile} rows")
         for name, us in launch_times(call, "fwd_task", flush).items():
             moved = nbytes * (2 if "apply" in name else 1)
             print(f"  kernel {name:31} {us:8.2f} us  {moved / us / 1e6:5.2f} TB/s")

@@ -1337,8 +1337,11 @@ static void measure_order() {
     CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
   // smem_pad / grid_set (0: the defaults): the task stats launch's 109056 bytes of shared memory per block
   // and its grid of 256, to tell whether either is why that launch reads slower than this ring.
-  auto run = [&](int C, int W, int chunk_kb, bool write, bool ranges, int cps, size_t smem_pad = 0, int grid_set = 0) {
-    const long long rows = 512ll * kMiB / (2ll * C) / 6144 * 6144;
+  // rows_set: exactly this many rows (2^21 at C=128 makes every CTA's range of a 256-CTA grid start on a 2 MiB
+  // boundary, as the stats launch's member ranges do on 1x128x1024x2048).
+  auto run = [&](int C, int W, int chunk_kb, bool write, bool ranges, int cps, size_t smem_pad = 0, int grid_set = 0,
+                 long long rows_set = 0) {
+    const long long rows = rows_set ? rows_set : 512ll * kMiB / (2ll * C) / 6144 * 6144;
     const long long tensor_bytes = rows * 2ll * C;
     StreamArgs a{};
     a.x = g_bufA;
@@ -1373,7 +1376,8 @@ static void measure_order() {
     const double us = median_us(2, 12, flush_l2, launch);
     const double tbs = tensor_bytes * (write ? 2.0 : 1.0) / us / 1e6;
     t.rows.push_back({istr(C), W == C ? std::string("all ") + istr(C) : istr(W), istr(chunk_kb), write ? "read+write" : "read",
-                      std::string(ranges ? "ranges" : "grid-stride") + (smem_pad ? " smem " + istr((int)(smem_pad / 1024)) + " KB" : ""),
+                      std::string(ranges ? "ranges" : "grid-stride") + (smem_pad ? " smem " + istr((int)(smem_pad / 1024)) + " KB" : "") +
+                          (rows_set ? " rows " + istr((int)rows_set) : ""),
                       istr(occ) + (cps ? "*" : ""), istr(grid), fmt("%.1f", us),
                       fmt("%.3f", tbs), fmt("%.3f", tbs / g_copy_tbs)});
   };
@@ -1387,6 +1391,10 @@ static void measure_order() {
   run(128, 128, 64, false, true, 2, 109056, 0);
   run(128, 128, 64, false, true, 2, 0, 256);
   run(128, 128, 64, false, true, 2, 109056, 256);
+  // power-of-two member ranges (2 MiB each at grid 256, as the stats launch's) against the same rows at grid 264
+  run(128, 128, 64, false, true, 2, 0, 256, 1ll << 21);
+  run(128, 128, 64, false, true, 2, 0, 264, 1ll << 21);
+  run(128, 128, 64, false, true, 2, 109056, 256, 1ll << 21);
   for (auto& r : t.rows) g_summary.push_back("order C=" + r[0] + " W=" + r[1] + " " + r[3] + " " + r[4] + " " + r[5] +
                                              " CTA/SM: " + r[8] + " TB/s (" + r[9] + " of copy)");
   emit(t);
