@@ -618,12 +618,12 @@ __device__ void bwd_apply_tile(const GnArgs& a, int64_t tile_id, const T* keep_x
 // ---------------------------------------------------------------- shared-memory layout
 template <typename T>
 __device__ __forceinline__ T* keep_region(int tensor, const GnArgs& a) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   const int64_t tile_bytes = (a.rows_per_tile * a.c * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
   return reinterpret_cast<T*>(smem + tensor * tile_bytes);
 }
 __device__ __forceinline__ float* scratch_region(int tensors_kept, int64_t tile_bytes_each) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   return reinterpret_cast<float*>(smem + tensors_kept * ((tile_bytes_each + 15) / 16 * 16));
 }
 

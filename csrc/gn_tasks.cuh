@@ -199,7 +199,10 @@ struct TaskSmem {
   float2* grp;
   float2* coef;
   __device__ TaskSmem(const GnArgs& a, int tensors = 1) {
-    extern __shared__ __align__(16) unsigned char smem[];
+    // 128-byte aligned (gn_kernels.cuh declares it the same): after a kernel's static __shared__ words
+    // (arrive's `last`) the region began 16 bytes in, so each warp's 16-byte cp.async rows straddled
+    // two 128-byte shared-memory wavefronts, and L2 served every sector of x twice (ncu: 50 % hits).
+    extern __shared__ __align__(128) unsigned char smem[];
     const int64_t chunk_bytes = (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
     const int64_t dy_chunk_bytes =
         tensors == 2 ? (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(TW)) + 15) / 16 * 16 : 0;
