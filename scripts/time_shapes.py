@@ -1,12 +1,13 @@
 """Time `ours auto` on shapes outside the benchmark's fixed cases (GPU), for A/B runs of kernel trees.
 
     python scripts/time_shapes.py 32x320x64x64 32x128x256x256:G32 1x512x128x128:G32:silu [--dtype fp16]
-        [--directions fwd,bwd] [--json PATH]
+        [--directions fwd,bwd] [--passes auto,1,2] [--json PATH]
 
 Each shape is NxCxHxW (or NxCxDxHxW), optionally followed by :G<groups> (default 32) and :silu. The
 timer is the benchmark's (CUDA events, L2 flushed, median); TB/s counts the minimum bytes (forward x
 and y, backward x, dy and dx) and SOL divides by the copy bandwidth measured in the same run. The plan
-printed beside each row is `gn_module.plan`'s.
+printed beside each row is `gn_module.plan`'s. `--passes` times each schedule given (default auto only;
+1 forces one launch, 2 the stats and apply launches), to check what `auto` picks.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ def parse(spec: str) -> tuple[tuple[int, ...], int, str | None]:
     return shape, groups, act
 
 
-def time_shape(spec: str, dname: str, directions: list[str], timer: EventTimer, copy: float) -> list[dict]:
-    """Rows for one shape: each direction of `ours auto` timed, with its plan."""
+def time_shape(
+    spec: str, dname: str, directions: list[str], timer: EventTimer, copy: float, passes: str = "auto"
+) -> list[dict]:
+    """Rows for one shape: each direction of `ours` under `passes` ("auto", "1", "2") timed, with its plan."""
+    sched: int | str = passes if passes == "auto" else int(passes)
     shape, groups, act = parse(spec)
     dtype = DT[dname]
     act_id = 0 if act is None else 1
@@ -56,26 +60,27 @@ def time_shape(spec: str, dname: str, directions: list[str], timer: EventTimer, 
 
     def forward():
         with torch.no_grad():
-            return gn_module.group_norm(x, groups, w, b, 1e-5, act)
+            return gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=sched)
 
     def backward():
-        return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, "auto")
+        return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, sched)
 
     rows = []
     for direction in directions:
         fn, tensors = (forward, 2) if direction == "fwd" else (backward, 3)
         t = time_cuda(fn, reps=50, warmup=5, min_reps=10, max_seconds=0.2, timer=timer)
         tbps = tensors * x.numel() * x.element_size() / t.median_us / 1e6
-        plan = ops.plan(x.shape, groups, dtype, direction, "auto")
+        plan = ops.plan(x.shape, groups, dtype, direction, sched)
         tiling = plan.tiling
-        row = {"shape": spec, "dtype": dname, "dir": direction, "us": round(t.median_us, 2),
+        row = {"shape": spec, "dtype": dname, "dir": direction, "passes": passes, "us": round(t.median_us, 2),
                "iqr_us": round(t.iqr_us, 2), "tbps": round(tbps, 3), "sol": round(tbps / copy, 3),
                "tiles_per_task": getattr(tiling, "tiles_per_task", None),
                "tasks": getattr(tiling, "tasks", None), "grid": plan.grid,
                "schedule": plan.schedule}  # fmt: skip
         rows.append(row)
         print(
-            f"{spec:28} {direction} {row['us']:9.2f} us (IQR {row['iqr_us']:.2f}) {tbps:6.3f} TB/s "
+            f"{spec:28} {direction} {passes:>4} {row['us']:9.2f} us (IQR {row['iqr_us']:.2f}) "
+            f"{tbps:6.3f} TB/s "
             f"SOL {row['sol']:.3f}  tasks={row['tasks']} tiles/task={row['tiles_per_task']} "
             f"grid={plan.grid} sched={plan.schedule}"
         )
@@ -87,6 +92,7 @@ def main() -> int:
     ap.add_argument("shapes", nargs="+")
     ap.add_argument("--dtype", default="fp16", choices=sorted(DT))
     ap.add_argument("--directions", default="fwd,bwd")
+    ap.add_argument("--passes", default="auto", help="comma-separated schedules: auto, 1, 2")
     ap.add_argument("--json")
     args = ap.parse_args()
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
@@ -94,7 +100,8 @@ def main() -> int:
     print(f"copy bandwidth {copy:.3f} TB/s")
     rows = []
     for spec in args.shapes:
-        rows += time_shape(spec, args.dtype, args.directions.split(","), timer, copy)
+        for passes in args.passes.split(","):
+            rows += time_shape(spec, args.dtype, args.directions.split(","), timer, copy, passes)
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as fh:
