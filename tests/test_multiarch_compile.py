@@ -40,3 +40,16 @@ def test_compiles_without_spills(arch: str, compiled: dict) -> None:
         print(f"  {k.source:16s} {k.describe()}")
     spilling = [k.describe() for k in report.spilling]
     assert not spilling, f"{arch}: register spills or local memory in: {spilling}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_dynamic_shared_memory_starts_128_byte_aligned(arch: str, compiled: dict) -> None:
+    """The dynamic region (the task kernels' chunk slots) begins after a kernel's static __shared__
+    words; ptxas reports their size rounded up to the region's alignment. At 16 bytes the cp.async rows
+    of every warp straddled two shared-memory wavefronts and L2 served each sector of x twice (H200,
+    RESULTS.md session 15: the forward stats launch 158 -> 138 us once aligned)."""
+    report = compiled[arch]
+    if isinstance(report, Exception):
+        pytest.fail(f"{arch}: {report}", pytrace=False)
+    misaligned = [k.describe() for k in report.kernels if k.static_smem % 128]
+    assert not misaligned, f"{arch}: the dynamic shared memory of {misaligned} is not 128-byte aligned"
