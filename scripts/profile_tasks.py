@@ -5,8 +5,8 @@ python scripts/profile_tasks.py --trace      # the one-pass forward's phases per
 python scripts/profile_tasks.py --trace-bwd  # the task backward's phases per block and its launches' times
 python scripts/profile_tasks.py --launches-fwd  # the two-launch forward's stats and apply launches' times
 
-GN_PROFILE_SHAPES="1x128x1024x2048:G16,32x128x240x256" replaces the fixed shapes (NxCxHxW[:G<groups>][:silu],
-groups 32 by default), e.g. to time the stats launch on member ranges that are not powers of two.
+GN_PROFILE_SHAPES="1x128x1024x2048:G16,32x128x240x256" replaces the fixed shapes (scripts/time_shapes.py's
+format: NxCxHxW[:G<groups>][:silu]), e.g. to time the stats launch on ranges that are not powers of two.
 """
 
 from __future__ import annotations
@@ -28,22 +28,10 @@ SHAPES = [
 ]
 
 
-def parse_shape(spec: str) -> tuple[tuple[int, ...], int, str | None]:
-    """'32x320x64x64:G32:silu' -> ((32, 320, 64, 64), 32, 'silu') (scripts/time_shapes.py's format)."""
-    head, *opts = spec.split(":")
-    groups, act = 32, None
-    for o in opts:
-        if o.startswith("G"):
-            groups = int(o[1:])
-        elif o == "silu":
-            act = o
-        else:
-            raise SystemExit(f"unknown option {o!r} in {spec!r}")
-    return tuple(int(v) for v in head.split("x")), groups, act
-
-
 if os.environ.get("GN_PROFILE_SHAPES"):
-    SHAPES = [parse_shape(s) for s in os.environ["GN_PROFILE_SHAPES"].split(",") if s]
+    from time_shapes import parse  # this folder is sys.path[0] when run as a script
+
+    SHAPES = [parse(s) for s in os.environ["GN_PROFILE_SHAPES"].split(",") if s]
 
 
 #: One-pass trace points per round r: 1+4r stats done, 2+4r arrived, 3+4r mean/rstd in smem, 4+4r applied.
