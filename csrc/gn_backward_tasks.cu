@@ -13,6 +13,7 @@ namespace gn {
 // block's first copies (bwd_param_sums).
 template <typename T, int V, typename TW = T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
+  let_dependents_in();
   const TaskSmem<T, TW> sm(a, 2);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   int64_t tiles_done = 0;
@@ -50,6 +51,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   // trace points of the block's first task (its team's last): 8 start, 10 dx written (its dweight/dbias
   // strips included: they run behind the first copies); 15 the block's end (the stats launch's are 0-5)
   trace_point(a, 8);
+  wait_for_prerequisites();  // the coefficients and the dweight/dbias partials come from the stats launch
   auto param_sums = [&] { bwd_param_sums(a, sm.scratch); };  // dweight and dbias: this block's strips
   if (team < a.teams && team < tasks) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);

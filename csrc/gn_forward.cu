@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
 // goes first.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
+  let_dependents_in();
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
     const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task
     for (int64_t task = last; task >= team; task -= a.teams) {
       load_task_params(a, task, sm.param);
+      if (task == last) wait_for_prerequisites();  // mean and rstd come from the stats launch
       load_group_stats(a, task, sm.grp);
       __syncthreads();
       reread += member_apply<T, V, TY>(a, task, t0, t1, sm, 0);

@@ -109,6 +109,22 @@ __device__ __forceinline__ bool arrive(unsigned* counter, unsigned expected) {
   return last;
 }
 
+// ---------------------------------------------------------------- programmatic dependent launch
+// The two-launch schedules' apply launch may start while its stats launch still runs (GnArgs::
+// dependent_launch, sm_90): each stats block lets it in as it starts, and the apply waits for the
+// stats launch's completion (and its writes) before it reads anything that launch wrote. Without the
+// launch attribute both are no-ops; builds below sm_90 (the compute_80 PTX too) never set it.
+__device__ __forceinline__ void let_dependents_in() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- profiling
 // Optional phase timeline (GnArgs::trace, scripts/profile_tasks.py --trace): thread 0 of each block
 // records clock64() at numbered points; one null check per point when off.
