@@ -61,6 +61,10 @@ typedef struct GnArgs {
   // dtype code of the forward's y / the backward's dy: `dtype`, or 0 (float32) for a float16/bfloat16
   // x under autocast (the wide launches: task kernels, 16-byte vectors, two-launch backward)
   int32_t wide_dtype;
+  // 1: the two-launch task schedules start their apply launch as a programmatic dependent launch (sm_90
+  // builds only: the stats launch lets it in at once, the apply waits for the stats launch's writes);
+  // 0: the apply launch starts after the stats launch ends (ops.dependent_launches, opt-in)
+  int32_t dependent_launch;
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

@@ -13,6 +13,7 @@ namespace gn {
 // block's first copies (bwd_param_sums).
 template <typename T, int V, typename TW = T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
+  let_dependents_in();
   const TaskSmem<T, TW> sm(a, 2);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   int64_t tiles_done = 0;
@@ -50,7 +51,12 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   // trace points of the block's first task (its team's last): 8 start, 10 dx written (its dweight/dbias
   // strips included: they run behind the first copies); 15 the block's end (the stats launch's are 0-5)
   trace_point(a, 8);
-  auto param_sums = [&] { bwd_param_sums(a, sm.scratch); };  // dweight and dbias: this block's strips
+  // dweight and dbias: this block's strips. Before them, and before the coefficients, the stats launch's
+  // writes (a dependent launch waits here, behind its first copies: x and dy are that launch's inputs)
+  auto param_sums = [&] {
+    wait_for_prerequisites();
+    bwd_param_sums(a, sm.scratch);
+  };
   if (team < a.teams && team < tasks) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task

@@ -122,8 +122,23 @@ inline int launch_pair(const GnArgs& a, cudaStream_t stream, Kernel stats, Kerne
   const unsigned blocks = static_cast<unsigned>(a.grid);
   stats<<<blocks, kThreads, a.smem, stream>>>(a);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  apply<<<blocks, kThreads, a.smem, stream>>>(a);
-  return cudaGetLastError();
+  if (!a.dependent_launch) {
+    apply<<<blocks, kThreads, a.smem, stream>>>(a);
+    return cudaGetLastError();
+  }
+  // the apply launch's blocks take the SMs the stats launch frees, and wait there for its writes
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(a.smem);
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, apply, a);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 // Runs one direction's schedule: the one cooperative kernel, or the phase kernels in order

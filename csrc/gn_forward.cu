@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
 // goes first.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
+  let_dependents_in();
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
@@ -157,10 +158,14 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     const int64_t last = team + (tasks - 1 - team) / a.teams * a.teams;  // this team's last task
     for (int64_t task = last; task >= team; task -= a.teams) {
+      const bool first = task == last;
       load_task_params(a, task, sm.param);
-      load_group_stats(a, task, sm.grp);
-      __syncthreads();
-      reread += member_apply<T, V, TY>(a, task, t0, t1, sm, 0);
+      // behind the first copies (x is the stats launch's input, never its output): mean and rstd
+      reread += member_apply<T, V, TY>(a, task, t0, t1, sm, 0, [&] {
+        if (first) wait_for_prerequisites();  // (uniform in the block)
+        load_group_stats(a, task, sm.grp);
+        __syncthreads();
+      });
       tiles_done += t1 - t0;
     }
   }

@@ -109,6 +109,22 @@ __device__ __forceinline__ bool arrive(unsigned* counter, unsigned expected) {
   return last;
 }
 
+// ---------------------------------------------------------------- programmatic dependent launch
+// The two-launch schedules' apply launch may start while its stats launch still runs (GnArgs::
+// dependent_launch, sm_90): each stats block lets it in as it starts, and the apply waits for the
+// stats launch's completion (and its writes) before it reads anything that launch wrote. Without the
+// launch attribute both are no-ops; builds below sm_90 (the compute_80 PTX too) never set it.
+__device__ __forceinline__ void let_dependents_in() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- profiling
 // Optional phase timeline (GnArgs::trace, scripts/profile_tasks.py --trace): thread 0 of each block
 // records clock64() at numbered points; one null check per point when off.
@@ -586,10 +602,16 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   return chunks;
 }
 
+// A step with nothing to do (the default of member_apply's and member_bwd_apply's hooks).
+struct NoStep {
+  __device__ void operator()() const {}
+};
+
 // The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory.
 template <int V>
 struct ApplyCoefs {
   float mean[V], scale[V], beta[V];
+  ApplyCoefs() = default;
   __device__ ApplyCoefs(const GnArgs& a, const float2* grp, const float2* param, int col) {
     int g[V];
     column_groups<V>(a, col, g);
@@ -687,18 +709,19 @@ __device__ __forceinline__ int walk_ring_backwards(int chunks, int slots, Read&&
 }
 
 // Writes y for the tiles [t0, t1) of `task`, chunks in reverse order, with the group statistics in
-// sm.grp and the parameters in sm.param (both visible). The last `kept` chunks are already in their
-// slots (member_stats just read them); the others are read again, each into the slot its successor
-// frees. Returns the number of chunks re-read.
-template <typename T, int V, typename TY = T>
+// sm.grp and the parameters in sm.param, visible once `behind_copies()` (every thread; it may hold a
+// barrier) has run behind the first copies. The last `kept` chunks are already in their slots
+// (member_stats just read them); the others are read again, each into the slot its successor frees.
+// Returns the number of chunks re-read.
+template <typename T, int V, typename TY = T, typename Step = NoStep>
 __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
-                            int kept) {
+                            int kept, Step behind_copies = Step{}) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
   TY* out = static_cast<TY*>(a.out) + n * a.s * a.c + c0;
-  const ApplyCoefs<V> coefs(a, sm.grp, sm.param, lane.col);
+  ApplyCoefs<V> coefs;  // behind the first copies: the statistics may still be on their way
   const StorePair pair(a);
   const int slots = a.slots;
   const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
@@ -714,7 +737,11 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     }
     return 0;
   };
-  const int reread = walk_ring_backwards(chunks, slots, reread_into, [] {}, [&](int q, int slot) {
+  auto started = [&] {
+    behind_copies();
+    coefs = ApplyCoefs<V>(a, sm.grp, sm.param, lane.col);
+  };
+  const int reread = walk_ring_backwards(chunks, slots, reread_into, started, [&](int q, int slot) {
     if (!lane.active) return;
     const T* s = mine + slot * sm.slot_elems;
     TY* y = out + tc.offset(q);
@@ -999,9 +1026,6 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
 // read again (the activation a template parameter: one set of live coefficients per instantiation). Behind
 // the first copies: the task's parameters, statistics and per-group (A / M, B / M) into sm.param,
 // sm.grp and sm.coef, after `behind_copies()` (every thread). Returns the number of chunks read.
-struct NoStep {
-  __device__ void operator()() const {}
-};
 
 
 template <typename T, int V, int kAct, typename TW = T, typename Step = NoStep>

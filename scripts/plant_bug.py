@@ -169,8 +169,8 @@ PLANTINGS = {
     # dbias (`bash scripts/ab_trees.sh OUT head=TREE nosums=TREE%timing-bwd-no-param-sums`).
     "timing-bwd-no-param-sums": Planting(
         "gn_backward_tasks.cu",
-        "{ bwd_param_sums(a, sm.scratch); }",
-        "{ /* PLANTED (timing only): dweight and dbias are never summed */ }",
+        "    bwd_param_sums(a, sm.scratch);",
+        "    // PLANTED (timing only): dweight and dbias are never summed",
         "task backward apply launch without its dweight/dbias sums (for timing: dweight and dbias stay "
         "whatever the workspace held)",
         "bwd-tasks", False,

@@ -85,6 +85,7 @@ class GnArgs(ctypes.Structure):
         ("off_group_partials", _i64),
         ("grad_dtype", _i32),
         ("wide_dtype", _i32),  # y's (forward) / dy's (backward) dtype code: dtype, or float32 (wide)
+        ("dependent_launch", _i32),  # 1: the apply launch is a programmatic dependent launch (sm_90)
     ]
 
 

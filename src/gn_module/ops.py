@@ -167,6 +167,39 @@ def current_variant() -> str | None:
     return _variants[-1] if _variants else None
 
 
+#: Opt-in (until measured and validated on the GPU): the two-launch task schedules start their apply
+#: launch as a programmatic dependent launch where the build runs sm_90 code, so it is scheduled while the
+#: stats launch drains and waits on the device for its writes (csrc gn_tasks.cuh, gn_dispatch.cuh).
+ENV_DEPENDENT = "GN_DEPENDENT_LAUNCH"
+_dependent: list[bool] = []
+_RAW_DEPENDENT = _ENV.encodekey(ENV_DEPENDENT) if _ENV_DATA is not None else ""
+
+
+@contextlib.contextmanager
+def dependent_launches(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, the two-launch task schedules use (or, with False, do not use) programmatic
+    dependent launches on sm_90+ builds, whatever GN_DEPENDENT_LAUNCH says. Same bits either way."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    with _settings_lock:
+        _dependent.append(enabled)
+    try:
+        yield
+    finally:
+        with _settings_lock:
+            _dependent.pop()
+
+
+def dependent_launches_enabled() -> bool:
+    """Whether dependent launches are asked for: the innermost `dependent_launches` block, else
+    GN_DEPENDENT_LAUNCH=1."""
+    if _dependent:
+        return _dependent[-1]
+    env = os.environ
+    raw = _ENV_DATA.get(_RAW_DEPENDENT) if env is _ENV and _ENV_DATA is not None else env.get(ENV_DEPENDENT)
+    return raw in ("1", b"1")
+
+
 def current_arch() -> str:
     """The kernel architecture in force (GN_ARCH; default DEFAULT_ARCH)."""
     return _parsed(_arch_values, _parse_arch, _raw_settings()[1])  # type: ignore[return-value]
@@ -646,6 +679,7 @@ def _launch(
         _variants[-1] if _variants else None,
         arch,
         wide,
+        dependent_launches_enabled(),
     )
     launch = _launches.get(key)
     if launch is None:
@@ -674,6 +708,7 @@ def _new_launch(key: tuple) -> _Launch | object:
         variant,
         _,
         wide,
+        dependent,
     ) = key
     try:
         p = plan(
@@ -692,8 +727,14 @@ def _new_launch(key: tuple) -> _Launch | object:
         return _NO_WIDE
     if p.tiles >= 2**31:
         raise RuntimeError(f"gn_module: {p.tiles} tiles exceed the launch limit of 2**31 - 1 blocks")
-    args = bytes(_args(p, dtype, eps, _ACTS[act], param_dtype, index, wide))
-    launch = _Launch(p, args, library(index, variant), direction)
+    a = _args(p, dtype, eps, _ACTS[act], param_dtype, index, wide)
+    lib = library(index, variant)
+    if dependent and isinstance(p, schedule.TaskPlan) and p.schedule == 2:
+        # griddepcontrol is sm_90 code: a compute_80 PTX build run on an H200 must not skip the wait
+        arch_value = ctypes.c_int(0)
+        _check(lib, lib.gn_runtime_arch(index, ctypes.byref(arch_value)), "reading __CUDA_ARCH__")
+        a.dependent_launch = int(arch_value.value >= 900)
+    launch = _Launch(p, bytes(a), lib, direction)
     if len(_launches) >= _MAX_LAUNCHES:
         _launches.clear()
     _launches[key] = launch

@@ -1,0 +1,100 @@
+"""Programmatic dependent launches of the two-launch task schedules (opt-in), without a GPU: when the
+launch asks for one (GnArgs.dependent_launch), and that the setting reaches a cached launch.
+
+The stub library (scripts/host_overhead.py) records launches; here it also reports the build's
+__CUDA_ARCH__, since griddepcontrol exists only in sm_90 code: a compute_80 PTX build that ran with the
+flag would let its apply launch read the statistics before the stats launch wrote them.
+The bits with and without the flag are compared on a GPU in tests/gpu/test_dependent_launch.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from gn_module import _abi, ops
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("host_overhead", ROOT / "scripts" / "host_overhead.py")
+host_overhead = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(host_overhead)  # type: ignore[union-attr]
+
+
+class ArchStub(host_overhead.PyStubLibrary):
+    """The stub library of a build whose kernels run as `cuda_arch` (900: sm_90 code)."""
+
+    def __init__(self, cuda_arch: int) -> None:
+        super().__init__()
+        self.cuda_arch = cuda_arch
+
+    def gn_runtime_arch(self, index: int, out: object) -> int:
+        out._obj.value = self.cuda_arch  # type: ignore[attr-defined]
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (ops.ENV_CAP, ops.ENV_ARCH, ops.ENV_DEPENDENT):
+        monkeypatch.delenv(name, raising=False)
+
+
+def flag(direction: str, passes: int, cuda_arch: int = 900, shape=(2, 64, 8, 8)) -> int:
+    """GnArgs.dependent_launch of the launch `passes` (1 or 2) plans for `shape` on a stub GPU."""
+    x = torch.randn(shape).half().contiguous(memory_format=torch.channels_last)
+    with host_overhead.cpu_device(ArchStub(cuda_arch)):
+        launch = ops._launch(direction, x, x.get_device(), True, 32, 1e-5, 0, passes, None)
+        assert launch.plan.schedule == passes
+        return _abi.GnArgs.from_buffer_copy(launch.args).dependent_launch
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_off_unless_asked(direction: str) -> None:
+    assert flag(direction, 2) == 0
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_two_launches_on_sm90_code_ask_for_it(direction: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with ops.dependent_launches():
+        assert flag(direction, 2) == 1
+        # one cooperative launch (the backward's needs GN_ARCH=tasks+bwd1): nothing to overlap
+        monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd1")
+        assert flag(direction, 1) == 0
+
+
+@pytest.mark.parametrize("cuda_arch", [800, 860, 890])
+def test_never_for_code_below_sm90(cuda_arch: int) -> None:
+    # the compute_80 PTX variant JIT-compiled on an H200 reports 800: its apply has no wait
+    with ops.dependent_launches():
+        assert flag("fwd", 2, cuda_arch) == 0
+        assert flag("bwd", 2, cuda_arch) == 0
+
+
+def test_environment_and_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ops.ENV_DEPENDENT, "1")
+    assert ops.dependent_launches_enabled() and flag("fwd", 2) == 1
+    with ops.dependent_launches(False):
+        assert not ops.dependent_launches_enabled() and flag("fwd", 2) == 0
+        with ops.dependent_launches(True):
+            assert flag("fwd", 2) == 1
+    monkeypatch.setenv(ops.ENV_DEPENDENT, "0")
+    assert not ops.dependent_launches_enabled() and flag("fwd", 2) == 0
+
+
+def test_the_setting_is_part_of_the_cached_launch() -> None:
+    x = torch.randn(2, 64, 8, 8).half().contiguous(memory_format=torch.channels_last)
+    with host_overhead.cpu_device(ArchStub(900)):
+        plain = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 2, None)
+        with ops.dependent_launches():
+            dependent = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 2, None)
+        assert ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 2, None) is plain
+    assert dependent is not plain
+    assert _abi.GnArgs.from_buffer_copy(plain.args).dependent_launch == 0
+    assert _abi.GnArgs.from_buffer_copy(dependent.args).dependent_launch == 1
+
+
+def test_only_a_bool_turns_it_on() -> None:
+    with pytest.raises(TypeError, match="bool"), ops.dependent_launches("yes"):  # type: ignore[arg-type]
+        pass
