@@ -288,6 +288,7 @@ STUB_C = """
 int gn_forward(const void* args, void* stream) { (void)args; (void)stream; return 0; }
 int gn_backward(const void* args, void* stream) { (void)args; (void)stream; return 0; }
 const char* gn_error_string(int code) { (void)code; return "stub"; }
+int gn_runtime_arch(int index, int* arch) { (void)index; *arch = 900; return 0; }
 """
 
 
@@ -315,6 +316,12 @@ class PyStubLibrary:
     @staticmethod
     def gn_error_string(code: int) -> bytes:
         return b"stub"
+
+    @staticmethod
+    def gn_runtime_arch(index: int, out: object) -> int:
+        """The build's __CUDA_ARCH__ (an H200's sm_90 code): asked once per new launch."""
+        out._obj.value = 900  # type: ignore[attr-defined]
+        return 0
 
 
 def c_stub_library(directory: Path) -> ctypes.CDLL | None:

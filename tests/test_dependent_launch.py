@@ -1,4 +1,4 @@
-"""Programmatic dependent launches of the two-launch task schedules (opt-in), without a GPU: when the
+"""Programmatic dependent launches of the two-launch task schedules (on by default), without a GPU: when the
 launch asks for one (GnArgs.dependent_launch), and that the setting reaches a cached launch.
 
 The stub library (scripts/host_overhead.py) records launches; here it also reports the build's
@@ -51,7 +51,11 @@ def flag(direction: str, passes: int, cuda_arch: int = 900, shape=(2, 64, 8, 8))
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_off_unless_asked(direction: str) -> None:
+def test_on_by_default_and_off_when_asked(direction: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert flag(direction, 2) == 1
+    with ops.dependent_launches(False):
+        assert flag(direction, 2) == 0
+    monkeypatch.setenv(ops.ENV_DEPENDENT, "0")
     assert flag(direction, 2) == 0
 
 
@@ -86,10 +90,11 @@ def test_environment_and_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_setting_is_part_of_the_cached_launch() -> None:
     x = torch.randn(2, 64, 8, 8).half().contiguous(memory_format=torch.channels_last)
     with host_overhead.cpu_device(ArchStub(900)):
-        plain = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 2, None)
-        with ops.dependent_launches():
-            dependent = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 2, None)
-        assert ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 2, None) is plain
+        with ops.dependent_launches(False):
+            plain = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 2, None)
+        dependent = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 2, None)
+        with ops.dependent_launches(False):
+            assert ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 2, None) is plain
     assert dependent is not plain
     assert _abi.GnArgs.from_buffer_copy(plain.args).dependent_launch == 0
     assert _abi.GnArgs.from_buffer_copy(dependent.args).dependent_launch == 1

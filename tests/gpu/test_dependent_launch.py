@@ -1,4 +1,4 @@
-"""GPU tests of the opt-in programmatic dependent launches (ops.dependent_launches): the two-launch task
+"""GPU tests of the programmatic dependent launches (default; ops.dependent_launches): the two-launch task
 schedules' apply launch starts while the stats launch drains and waits on the device for its writes.
 Against the fp64 reference with poisoned outputs, bitwise equal to the plain launches at every residency
 cap, and over back-to-back calls on fresh inputs (a wait in the wrong place reads the previous call's
@@ -53,7 +53,8 @@ def test_against_fp64_and_bitwise_equal_to_plain_launches(shape, groups, dtype, 
     for direction in ("fwd", "bwd"):
         r = rec[direction]
         assert r["schedule"] == 2 and r["tiles_phase1"] == r["tiles_applied"] == r["plan"].tiles
-    plain = run(x, groups, w, b, act, 2, dy)
+    with ops.dependent_launches(False):
+        plain = run(x, groups, w, b, act, 2, dy)
     for a, b_ in zip(got, plain, strict=True):
         assert torch.equal(a, b_)
 
@@ -61,7 +62,8 @@ def test_against_fp64_and_bitwise_equal_to_plain_launches(shape, groups, dtype, 
 @pytest.mark.parametrize("cap", [1, 3, 7])
 def test_overflow_tiles_bitwise_equal(cap):
     x, w, b, dy = make_case((2, 320, 40, 40), 32, torch.float16)
-    base = run(x, 32, w, b, "silu", 2, dy)
+    with ops.dependent_launches(False):
+        base = run(x, 32, w, b, "silu", 2, dy)
     with ops.dependent_launches(), ops.max_resident_blocks(cap):
         got = run(x, 32, w, b, "silu", 2, dy)
     for a, b_ in zip(base, got, strict=True):
@@ -76,5 +78,7 @@ def test_back_to_back_calls_read_their_own_statistics():
         got = [run(x, groups, w, b, "silu", 2, dy) for x, w, b, dy in cases]
     torch.cuda.synchronize()
     for (x, w, b, dy), outs in zip(cases, got, strict=True):
-        for a, b_ in zip(outs, run(x, groups, w, b, "silu", 2, dy), strict=True):
+        with ops.dependent_launches(False):
+            plain = run(x, groups, w, b, "silu", 2, dy)
+        for a, b_ in zip(outs, plain, strict=True):
             assert torch.equal(a, b_)
