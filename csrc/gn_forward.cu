@@ -65,43 +65,62 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 
 // ---------------------------------------------------------------- task architecture
 // One launch: a persistent grid of teams; team j runs tasks j, j + teams, ...; each member reduces
-// its tiles, the last to arrive combines the task's partials and publishes mean/rstd with the
-// task's flag, and every member applies from the chunks it kept. (Every member combining for
-// itself was measured slower: hundreds of blocks reading the same partials at once.)
+// its tiles and arrives; once the task's last member has arrived its statistics are combined (by that
+// member, which publishes mean/rstd with the task's flag, or, for a task of few partials, by every
+// member), and every member applies from the chunks it kept.
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
-  unsigned target = 0;  // read after the first stats phase: a load here would hold up the first copies
+  __shared__ unsigned flag;  // this launch's flag value of the current task (thread 0's)
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const bool by_all = combine_by_all(a);
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
     // schedule.member_tiles: contiguous, balanced, every tile of the task exactly once
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     int round = 0;
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
+      prefetch_task_params(a, task);
       // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived,
       // 3 + 4r statistics in shared memory, 4 + 4r applied
       // a one-round launch also traces inside its stats phase (points 5-8, free without round 1)
       const int chunks = member_stats<T, V>(a, task, t0, t1, sm, task_count(a) <= a.teams ? 5 : -1);
       trace_point(a, 1 + 4 * round);
-      if (round == 0) target = launch_target(a);
-      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
+      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &flag);
       trace_point(a, 2 + 4 * round);
       const int64_t ng0 = task_group0(a, task);
-      if (last) {  // combine once, publish mean/rstd with the task's flag
+      if (by_all) {
+        // the last member releases the others at once (its acquire saw every member's partials)
+        if (threadIdx.x == 0) {
+          if (last) {
+            store_release(flags(a, task), flag);
+          } else {
+            while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
+          }
+        }
+        load_task_params(a, task, sm.param);
+        __syncthreads();
+        group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+          sm.grp[gl] = make_float2(mean, rstd);
+          if (last) {
+            a.mean[ng0 + gl] = mean;
+            a.rstd[ng0 + gl] = rstd;
+          }
+        });
+      } else if (last) {  // combine once, publish mean/rstd with the task's flag
         group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
           sm.grp[gl] = make_float2(mean, rstd);
           a.mean[ng0 + gl] = mean;
           a.rstd[ng0 + gl] = rstd;
         });
         __syncthreads();
-        if (threadIdx.x == 0) store_release(flags(a, task), target);  // after the barrier: covers all threads' writes
+        if (threadIdx.x == 0) store_release(flags(a, task), flag);  // after the barrier: covers all threads' writes
         load_task_params(a, task, sm.param);  // (needed only by the apply: off the stats' critical path)
       } else {
         load_task_params(a, task, sm.param);  // while the last member combines
         if (threadIdx.x == 0) {
-          while (load_acquire(flags(a, task)) != target) __nanosleep(32);
+          while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
         }
         __syncthreads();
         load_group_stats(a, task, sm.grp);
@@ -118,26 +137,27 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   record(a, 2, static_cast<int>(tiles_done));
   record(a, 3, static_cast<int>(reread));
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
-  finish_launch(a);
 }
 
 // Two launches over the same persistent teams as the one-pass kernel (no block waits for another,
-// so any grid works): each member reduces its tiles of its team's tasks and the last member of a
-// task to arrive combines; then each member writes y for the same tiles, its tasks in reverse
-// order and each range's chunks in reverse, so the data the stats launch read last (still in L2)
-// goes first.
+// so any grid works): each member reduces its tiles of its team's tasks into partials; then each member
+// writes y for the same tiles, its tasks in reverse order and each range's chunks in reverse, so the data
+// the stats launch read last (still in L2) goes first. The statistics are combined in the apply launch,
+// by every member behind its first copies (combine_by_all), or for tasks of many partials by the stats
+// launch's last member of each task.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   let_dependents_in();
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const bool by_all = combine_by_all(a);
   int64_t tiles_done = 0;
   if (team < a.teams) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       member_stats<T, V>(a, task, t0, t1, sm);
-      if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) combine_task<T>(a, task);
+      if (!by_all && arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) combine_task<T>(a, task);
       tiles_done += t1 - t0;
     }
   }
@@ -153,6 +173,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   const int64_t tasks = task_count(a);
+  const bool by_all = combine_by_all(a);
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams && team < tasks) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
@@ -160,10 +181,21 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
     for (int64_t task = last; task >= team; task -= a.teams) {
       const bool first = task == last;
       load_task_params(a, task, sm.param);
-      // behind the first copies (x is the stats launch's input, never its output): mean and rstd
+      // behind the first copies (x is the stats launch's input, never its output): the statistics
       reread += member_apply<T, V, TY>(a, task, t0, t1, sm, 0, [&] {
         if (first) wait_for_prerequisites();  // (uniform in the block)
-        load_group_stats(a, task, sm.grp);
+        if (by_all) {  // member 0 also stores them (for the backward)
+          const int64_t ng0 = task_group0(a, task);
+          group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+            sm.grp[gl] = make_float2(mean, rstd);
+            if (member == 0) {
+              a.mean[ng0 + gl] = mean;
+              a.rstd[ng0 + gl] = rstd;
+            }
+          });
+        } else {
+          load_group_stats(a, task, sm.grp);
+        }
         __syncthreads();
       });
       tiles_done += t1 - t0;
