@@ -65,16 +65,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 
 // ---------------------------------------------------------------- task architecture
 // One launch: a persistent grid of teams; team j runs tasks j, j + teams, ...; each member reduces
-// its tiles and arrives; once the task's last member has arrived its statistics are combined (by that
-// member, which publishes mean/rstd with the task's flag, or, for a task of few partials, by every
-// member), and every member applies from the chunks it kept.
+// its tiles, the last to arrive combines the task's partials and publishes mean/rstd with the
+// task's flag, and every member applies from the chunks it kept. (Every member combining for
+// itself was measured slower: hundreds of blocks reading the same partials at once. Again in
+// session 16, for tasks of up to 4096 partials: 2x320x64x64 20.2 us against 19.4, its 66 members'
+// wait 5.8 us against 4.2; 2x1280x16x16's 6 members no faster; 1x128x1024x2048 G16's two-launch
+// forward, combining in its apply launch behind the copies, 425.5 us against 416.3.)
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
-  __shared__ unsigned flag;  // this launch's flag value of the current task (thread 0's)
+  __shared__ unsigned flag;  // this launch's flag value of the current task (thread 0's: arrive)
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
-  const bool by_all = combine_by_all(a);
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
     // schedule.member_tiles: contiguous, balanced, every tile of the task exactly once
@@ -90,25 +92,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &flag);
       trace_point(a, 2 + 4 * round);
       const int64_t ng0 = task_group0(a, task);
-      if (by_all) {
-        // the last member releases the others at once (its acquire saw every member's partials)
-        if (threadIdx.x == 0) {
-          if (last) {
-            store_release(flags(a, task), flag);
-          } else {
-            while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
-          }
-        }
-        load_task_params(a, task, sm.param);
-        __syncthreads();
-        group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
-          sm.grp[gl] = make_float2(mean, rstd);
-          if (last) {
-            a.mean[ng0 + gl] = mean;
-            a.rstd[ng0 + gl] = rstd;
-          }
-        });
-      } else if (last) {  // combine once, publish mean/rstd with the task's flag
+      if (last) {  // combine once, publish mean/rstd with the task's flag
         group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
           sm.grp[gl] = make_float2(mean, rstd);
           a.mean[ng0 + gl] = mean;
@@ -140,24 +124,22 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
 }
 
 // Two launches over the same persistent teams as the one-pass kernel (no block waits for another,
-// so any grid works): each member reduces its tiles of its team's tasks into partials; then each member
-// writes y for the same tiles, its tasks in reverse order and each range's chunks in reverse, so the data
-// the stats launch read last (still in L2) goes first. The statistics are combined in the apply launch,
-// by every member behind its first copies (combine_by_all), or for tasks of many partials by the stats
-// launch's last member of each task.
+// so any grid works): each member reduces its tiles of its team's tasks and the last member of a
+// task to arrive combines; then each member writes y for the same tiles, its tasks in reverse
+// order and each range's chunks in reverse, so the data the stats launch read last (still in L2)
+// goes first.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   let_dependents_in();
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
-  const bool by_all = combine_by_all(a);
   int64_t tiles_done = 0;
   if (team < a.teams) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       member_stats<T, V>(a, task, t0, t1, sm);
-      if (!by_all && arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) combine_task<T>(a, task);
+      if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) combine_task<T>(a, task);
       tiles_done += t1 - t0;
     }
   }
@@ -173,7 +155,6 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   const int64_t tasks = task_count(a);
-  const bool by_all = combine_by_all(a);
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams && team < tasks) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
@@ -181,21 +162,10 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
     for (int64_t task = last; task >= team; task -= a.teams) {
       const bool first = task == last;
       load_task_params(a, task, sm.param);
-      // behind the first copies (x is the stats launch's input, never its output): the statistics
+      // behind the first copies (x is the stats launch's input, never its output): mean and rstd
       reread += member_apply<T, V, TY>(a, task, t0, t1, sm, 0, [&] {
         if (first) wait_for_prerequisites();  // (uniform in the block)
-        if (by_all) {  // member 0 also stores them (for the backward)
-          const int64_t ng0 = task_group0(a, task);
-          group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
-            sm.grp[gl] = make_float2(mean, rstd);
-            if (member == 0) {
-              a.mean[ng0 + gl] = mean;
-              a.rstd[ng0 + gl] = rstd;
-            }
-          });
-        } else {
-          load_group_stats(a, task, sm.grp);
-        }
+        load_group_stats(a, task, sm.grp);
         __syncthreads();
       });
       tiles_done += t1 - t0;

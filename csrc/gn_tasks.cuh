@@ -496,17 +496,6 @@ __device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&
   }
 }
 
-// Whether every block of a task computes the task's statistics itself (group_stats) once all its partials
-// are written, rather than one block computing them and the others reading mean/rstd: for tasks of at
-// most kCombineByAllPartials partials (tiles x groups of the window; each block reads them once, a batch
-// of loads per thread). The one-launch forward then releases a task's members as its last one arrives;
-// the two-launch forward combines in the apply launch behind its first copies, and its stats launch has
-// no arrivals and no last block's tail. Same function of the same partials: the same bits either way.
-constexpr int kCombineByAllPartials = 4096;
-__device__ __forceinline__ bool combine_by_all(const GnArgs& a) {
-  return a.tiles_per_task * groups_per_window(a) <= kCombineByAllPartials;
-}
-
 // The statistics of a task, written to a.mean / a.rstd (the two-pass stats launch's last block).
 template <typename T>
 __device__ void combine_task(const GnArgs& a, int64_t task) {
