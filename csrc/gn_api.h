@@ -49,7 +49,7 @@ typedef struct GnArgs {
   int64_t window;        // channels per task
   int64_t tiles_per_task;
   int64_t chunk_rows;    // rows per shared-memory chunk, a multiple of rows_threads
-  uint32_t* sync;        // persistent zeroed words: epoch, exits, then (arrivals, flag) per task
+  uint32_t* sync;        // persistent words, zeroed once: (arrivals, flag, column count) per task
   int64_t* trace;        // optional (profiling): per block, clock64() at phase boundaries (gn_tasks.cuh)
   // Derived task geometry, from the schedule (divisions a block's prologue would otherwise wait on).
   int32_t channels_per_group;

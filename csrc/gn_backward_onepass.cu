@@ -8,17 +8,16 @@ namespace gn {
 
 // One launch (GN_ARCH=tasks+bwd1, opt-in): the same teams, tiles and sums as the two launches above,
 // so the same bits. Each member reduces its tiles keeping its last `slots` chunk pairs on chip; the
-// task's last member sums the group partials and publishes them with the task's flag (the forward
-// one-pass kernel's epochs); every member then sums its share of the task's dweight/dbias strips and
+// task's last member sums the group partials and publishes them with the task's flag (its flag value
+// from the task's arrival counter, gn_tasks.cuh); every member then sums its share of the task's dweight/dbias strips and
 // writes dx, re-reading only the chunk pairs it could not keep. Needs every block resident (a
 // cooperative launch, grid <= residency: schedule.make_task_plan).
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
   const TaskSmem<T> sm(a, 2);
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
-  // thread 0's epoch target and counts in shared memory: registers live across the stats and apply
-  // loops spilled on sm_110 and sm_120. The target is read after the first stats phase (a load before
-  // it would hold up the first copies).
+  // thread 0's flag value and counts in shared memory: registers live across the stats and apply
+  // loops spilled on sm_110 and sm_120.
   __shared__ unsigned target;
   __shared__ int tasks_done, reread;
   if (threadIdx.x == 0) tasks_done = reread = 0;
@@ -33,8 +32,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
       const bool first = task == team;
       member_bwd_stats<T, V>(a, task, t0, t1, sm);
       if (first) trace_point(a, 2);
-      if (first && threadIdx.x == 0) target = launch_target(a);
-      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
+      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &target);
       if (first) trace_point(a, 3);
       if (last) {
         bwd_combine_task(a, task);
@@ -75,7 +73,6 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
   record(a, 3, reread);
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
   trace_point(a, 15);
-  finish_launch(a);
 }
 
 int launch_task_backward_onepass(const GnArgs& a, cudaStream_t stream) {

@@ -67,12 +67,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 // One launch: a persistent grid of teams; team j runs tasks j, j + teams, ...; each member reduces
 // its tiles, the last to arrive combines the task's partials and publishes mean/rstd with the
 // task's flag, and every member applies from the chunks it kept. (Every member combining for
-// itself was measured slower: hundreds of blocks reading the same partials at once.)
+// itself was measured slower: hundreds of blocks reading the same partials at once. Again in
+// session 16, for tasks of up to 4096 partials: 2x320x64x64 20.2 us against 19.4, its 66 members'
+// wait 5.8 us against 4.2; 2x1280x16x16's 6 members no faster; 1x128x1024x2048 G16's two-launch
+// forward, combining in its apply launch behind the copies, 425.5 us against 416.3.)
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
-  unsigned target = 0;  // read after the first stats phase: a load here would hold up the first copies
+  __shared__ unsigned flag;  // this launch's flag value of the current task (thread 0's: arrive)
   const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
@@ -80,13 +83,13 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     int round = 0;
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
+      prefetch_task_params(a, task);
       // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived,
       // 3 + 4r statistics in shared memory, 4 + 4r applied
       // a one-round launch also traces inside its stats phase (points 5-8, free without round 1)
       const int chunks = member_stats<T, V>(a, task, t0, t1, sm, task_count(a) <= a.teams ? 5 : -1);
       trace_point(a, 1 + 4 * round);
-      if (round == 0) target = launch_target(a);
-      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
+      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &flag);
       trace_point(a, 2 + 4 * round);
       const int64_t ng0 = task_group0(a, task);
       if (last) {  // combine once, publish mean/rstd with the task's flag
@@ -96,12 +99,12 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
           a.rstd[ng0 + gl] = rstd;
         });
         __syncthreads();
-        if (threadIdx.x == 0) store_release(flags(a, task), target);  // after the barrier: covers all threads' writes
+        if (threadIdx.x == 0) store_release(flags(a, task), flag);  // after the barrier: covers all threads' writes
         load_task_params(a, task, sm.param);  // (needed only by the apply: off the stats' critical path)
       } else {
         load_task_params(a, task, sm.param);  // while the last member combines
         if (threadIdx.x == 0) {
-          while (load_acquire(flags(a, task)) != target) __nanosleep(32);
+          while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
         }
         __syncthreads();
         load_group_stats(a, task, sm.grp);
@@ -118,7 +121,6 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   record(a, 2, static_cast<int>(tiles_done));
   record(a, 3, static_cast<int>(reread));
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
-  finish_launch(a);
 }
 
 // Two launches over the same persistent teams as the one-pass kernel (no block waits for another,

@@ -52,59 +52,57 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 __device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-// Three words per task: an arrival counter (always left at zero), a flag (holds an epoch) and a
-// column counter (always left at zero; the backward's apply launch counts its finished blocks on
-// task 0's). The layout does not depend on the launch's task count, so a
-// counter word is never a flag word of an earlier launch with other shapes. schedule.TaskPlan.sync_words.
+// Three words per task: an arrival counter, a flag and a column counter (the backward's launches count
+// their blocks on task 0's). The layout does not depend on the launch's task count, so a counter word is
+// never a flag word of an earlier launch with other shapes. schedule.TaskPlan.sync_words.
+//
+// Counters are never reset. A launch adds its `expected` arrivals to a word, and the last arriver rounds
+// the word up to the next multiple of kGeneration, so every launch starts there. The counter's high bits
+// (its generation) then number the launches that used the word: a flag carries its task's generation + 1,
+// so a flag left by an earlier launch (or an earlier replay of a captured graph) never satisfies a wait.
+// No word needs zeroing again, and no launch-wide epoch (with its fence and atomic at every block's end)
+// is needed. schedule.GENERATION_BITS: launches stay below 2**16 blocks.
 constexpr int kSyncWordsPerTask = 3;
+constexpr int kGenerationBits = 16;
+constexpr unsigned kGeneration = 1u << kGenerationBits;
 __device__ __forceinline__ unsigned* arrivals(const GnArgs& a, int64_t task) {
-  return a.sync + 2 + kSyncWordsPerTask * task;
+  return a.sync + kSyncWordsPerTask * task;
 }
 __device__ __forceinline__ unsigned* flags(const GnArgs& a, int64_t task) {
-  return a.sync + 3 + kSyncWordsPerTask * task;
+  return a.sync + 1 + kSyncWordsPerTask * task;
 }
 __device__ __forceinline__ unsigned* columns(const GnArgs& a, int64_t task) {
-  return a.sync + 4 + kSyncWordsPerTask * task;
+  return a.sync + 2 + kSyncWordsPerTask * task;
 }
 
-// Thread 0 of every block reads the launch epoch (a relaxed load: only its own exit, later in
-// program order, can let the epoch advance); the last block to finish advances it. Flags set in
-// this launch carry epoch + 1, so flags left by earlier launches (or by an earlier replay of a
-// captured graph) never satisfy a wait, and the words never need zeroing again.
-__device__ __forceinline__ unsigned launch_target(const GnArgs& a) {
-  unsigned v = 0;
-  if (threadIdx.x == 0) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a.sync) : "memory");
-  return v + 1;
-}
-__device__ __forceinline__ void finish_launch(const GnArgs& a) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(a.sync + 1, 1u) == gridDim.x - 1) {
-      a.sync[1] = 0;
-      __threadfence();
-      atomicAdd(a.sync, 1u);
-    }
-  }
-}
+// One block's arrival (thread 0's view): whether it completed the `expected` arrivals, and the flag
+// value of this launch's task (its generation + 1).
+struct Arrival {
+  bool last;
+  unsigned flag;
+};
 
-// Counts this block in, after the block's barrier (called by thread 0 only): an acquire-release
-// add, so the block's writes are ordered before the count and the last block sees everyone's
-// (the bar.sync + one-thread release pattern; a sequentially consistent fence costs more). True for
-// the block that completes `expected` arrivals, which also resets the counter for the next launch.
-__device__ __forceinline__ bool arrive_thread0(unsigned* counter, unsigned expected) {
+// Counts this block in, after the block's barrier (called by thread 0 only): an acquire-release add, so
+// the block's writes are ordered before the count and the last block sees everyone's (the bar.sync +
+// one-thread release pattern; a sequentially consistent fence costs more). The last block also rounds
+// the counter up to the next generation (a reduction: nobody waits for it).
+__device__ __forceinline__ Arrival arrive_thread0(unsigned* counter, unsigned expected) {
   unsigned old;
   asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
-  const bool last = old == expected - 1;
-  if (last) *counter = 0;
-  return last;
+  const bool last = (old & (kGeneration - 1)) == expected - 1;
+  if (last) asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(counter), "r"(kGeneration - expected) : "memory");
+  return {last, (old >> kGenerationBits) + 1};
 }
 
-// The same, with the answer in every thread.
-__device__ __forceinline__ bool arrive(unsigned* counter, unsigned expected) {
+// The same, with `last` in every thread (the flag value in thread 0's `flag`, when given).
+__device__ __forceinline__ bool arrive(unsigned* counter, unsigned expected, unsigned* flag = nullptr) {
   __shared__ int last;
   __syncthreads();
-  if (threadIdx.x == 0) last = arrive_thread0(counter, expected);  // after the barrier above
+  if (threadIdx.x == 0) {  // after the barrier above
+    const Arrival got = arrive_thread0(counter, expected);
+    last = got.last;
+    if (flag != nullptr) *flag = got.flag;
+  }
   __syncthreads();
   return last;
 }
@@ -295,6 +293,20 @@ __device__ __forceinline__ void load_task_params(const GnArgs& a, int64_t task, 
   for (int i = threadIdx.x; i < a.window; i += kThreads) {
     param[i] = make_float2(load_param(a.weight, a.w_dtype, c0 + i, 1.f), load_param(a.bias, a.w_dtype, c0 + i, 0.f));
   }
+}
+
+// The task's weight and bias lines into L2, ahead of load_task_params after the task's barrier (after the
+// benchmark's L2 flush, and in a model after other layers' traffic, they would come from DRAM there, on
+// the critical path). A hint: a few threads, no registers held.
+__device__ __forceinline__ void prefetch_task_params(const GnArgs& a, int64_t task) {
+  const int size = a.w_dtype == 1 || a.w_dtype == 2 ? 2 : 4;
+  const int lines = (static_cast<int>(a.window) * size + 127) / 128 + 1;  // (+1: the window need not start a line)
+  const int i = threadIdx.x;
+  if (i >= 2 * lines) return;
+  const void* p = i < lines ? a.weight : a.bias;
+  if (p == nullptr) return;
+  const unsigned char* line = static_cast<const unsigned char*>(p) + task_c0(a, task) * size + 128 * (i % lines);
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
 }
 
 // The first (sample, group) index of a task's window in mean/rstd.

@@ -175,7 +175,7 @@ def test_plans_grid_and_workspace() -> None:
     assert two.teams is not None and two.grid == two.teams.teams * two.teams.team_size <= 264
     assert two.teams.overflow_chunks == 0 and two.slots == 6
     assert one.workspace_floats == {"partials": 2 * t.tasks * t.groups_per_window * t.tiles_per_task}
-    assert one.sync_words == 2 + 3 * t.tasks
+    assert one.sync_words == 3 * t.tasks
     with pytest.raises(ValueError):
         schedule.make_task_plan(t, 1, 0, residency=264)
     with pytest.raises(ValueError):
@@ -256,13 +256,15 @@ def test_backward_plans_are_two_pass_with_their_workspace_and_two_tensors_per_sl
         "group_sums": 2 * 32 * 32,
         "group_partials": 2 * bwd.tasks * bwd.tiles_per_task * bwd.groups_per_window,
     }
-    assert p.sync_words == 2 + 3 * bwd.tasks and p.reread_tiles == 0
+    assert p.sync_words == 3 * bwd.tasks and p.reread_tiles == 0
 
 
 def test_sync_words_per_task_match_the_kernels() -> None:
     text = (Path(__file__).resolve().parents[1] / "csrc" / "gn_tasks.cuh").read_text()
     words = int(re.search(r"constexpr int kSyncWordsPerTask = (\d+);", text).group(1))
     assert words == schedule.SYNC_WORDS_PER_TASK
+    bits = int(re.search(r"constexpr int kGenerationBits = (\d+);", text).group(1))
+    assert bits == schedule.GENERATION_BITS
 
 
 def test_wide_backward_slots_hold_a_float32_dy_chunk_beside_x() -> None:

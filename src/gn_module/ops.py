@@ -570,8 +570,8 @@ def _args(
     return a
 
 
-# Synchronisation words of the task kernels, per (device, stream): zeroed once, left zeroed by every
-# launch (arrival counters reset by their last arriver, flags compared against a launch epoch).
+# Synchronisation words of the task kernels, per (device, stream): zeroed once, never reset (a launch's
+# last arriver rounds its counter up to the next generation; flags carry the generation: gn_tasks.cuh).
 # One buffer per stream, because two launches in flight on different streams must not share it.
 _sync_buffers: dict[tuple[int, int], torch.Tensor] = {}
 

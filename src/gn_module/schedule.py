@@ -402,6 +402,9 @@ ROUND_OVERHEAD_CHUNKS = 1
 TWO_PASS_NO_OVERFLOW = 1 << 30
 #: Synchronisation words per task (csrc kSyncWordsPerTask): arrivals, flag, column count.
 SYNC_WORDS_PER_TASK = 3
+#: Low bits of an arrival counter that count one launch's arrivals (csrc kGenerationBits): the high bits
+#: number the launches, and a task launch has fewer blocks than 2**GENERATION_BITS (`make_task_plan`).
+GENERATION_BITS = 16
 
 
 def max_tiles_per_task(channels: int, window: int, batch: int = 1, direction: str = "fwd") -> int:
@@ -697,9 +700,9 @@ class TaskPlan:
 
     @property
     def sync_words(self) -> int:
-        """Persistent synchronisation words: epoch, exits, then (arrivals, flag, column count) per task
-        (csrc kSyncWordsPerTask)."""
-        return 2 + SYNC_WORDS_PER_TASK * self.tiling.tasks
+        """Persistent synchronisation words: (arrivals, flag, column count) per task (csrc
+        kSyncWordsPerTask)."""
+        return SYNC_WORDS_PER_TASK * self.tiling.tasks
 
     @property
     def workspace_bytes(self) -> int:
@@ -737,8 +740,9 @@ def make_task_plan(
             "group_sums": 2 * t.batch * t.groups,
             "group_partials": 2 * t.tasks * t.tiles_per_task * t.groups_per_window,
         }
+    most = (1 << GENERATION_BITS) - 1  # blocks of one launch (no GPU holds as many)
     if schedule == 1:
-        blocks = residency if cap is None else min(residency, cap)
+        blocks = min(most, residency if cap is None else min(residency, cap))
         if blocks < 1:
             raise ValueError("the one-pass schedule needs at least one resident block")
         teams = choose_teams(t, blocks, slots)
@@ -746,7 +750,7 @@ def make_task_plan(
         # the same persistent teams, one wave of blocks (or the cap's: nobody waits, so any grid
         # works, and a cap varies it in tests); nothing is kept on chip (every chunk is read twice
         # by design: no overflow to weigh)
-        blocks = max(1, residency if cap is None else min(residency, cap))
+        blocks = max(1, min(most, residency if cap is None else min(residency, cap)))
         teams = choose_teams(t, blocks, TWO_PASS_NO_OVERFLOW)
     grid = teams.teams * teams.team_size
     return TaskPlan(
