@@ -299,14 +299,18 @@ __device__ __forceinline__ void load_task_params(const GnArgs& a, int64_t task, 
 // benchmark's L2 flush, and in a model after other layers' traffic, they would come from DRAM there, on
 // the critical path). A hint: a few threads, no registers held.
 __device__ __forceinline__ void prefetch_task_params(const GnArgs& a, int64_t task) {
-  const int size = a.w_dtype == 1 || a.w_dtype == 2 ? 2 : 4;
-  const int lines = (static_cast<int>(a.window) * size + 127) / 128 + 1;  // (+1: the window need not start a line)
-  const int i = threadIdx.x;
-  if (i >= 2 * lines) return;
-  const void* p = i < lines ? a.weight : a.bias;
+  static_assert(kThreads == 256, "threads 0-127 take the weight's lines, 128-255 the bias'");
+  const void* p = threadIdx.x < 128 ? a.weight : a.bias;
   if (p == nullptr) return;
-  const unsigned char* line = static_cast<const unsigned char*>(p) + task_c0(a, task) * size + 128 * (i % lines);
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
+  const int size = a.w_dtype == 1 || a.w_dtype == 2 ? 2 : 4;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(task_c0(a, task) * size);
+  const uintptr_t last = first + static_cast<uintptr_t>(a.window * size) - 1;  // the window's last byte
+  const int lines = static_cast<int>((last >> 7) - (first >> 7)) + 1;  // at most 65 (2048 float32)
+  const int i = threadIdx.x & 127;  // (no division ahead of the first copies)
+  if (i >= lines) return;
+  // every address inside the window's bytes: the first line from the window's start
+  const uintptr_t at = i == 0 ? first : ((first >> 7) + i) << 7;
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at));
 }
 
 // The first (sample, group) index of a task's window in mean/rstd.
