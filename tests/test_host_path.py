@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -898,3 +899,29 @@ def test_autocast_one_sample_one_channel_per_group_is_wide(train_stub, monkeypat
         y = gn_module.group_norm(x, 32, w, b)
     _, f = launch_fields(train_stub)
     assert y.dtype == torch.float32 and (f["dtype"], f["wide_dtype"]) == (_abi.DTYPE_CODES["float16"], 0)
+
+
+def test_task_launches_carry_their_divisors() -> None:
+    t = schedule.task_tiling(1280, 32, 256, 2, "fwd", batch=2)
+    p = schedule.make_task_plan(t, 1, 6, 264)
+    a = ops._args(p, torch.float16, 1e-5, "silu", torch.float16, -1)
+    for name in _abi.FAST_DIVISORS:
+        d = getattr(a, name)
+        assert d >= 1 and (getattr(a, f"{name}_mul"), getattr(a, f"{name}_shift")) == schedule.fast_divisor(d)
+
+
+def test_gnargs_fields_follow_the_c_header_in_order() -> None:
+    """_abi.GnArgs mirrors csrc/gn_api.h field by field: the same names in the same order (the library's
+    gn_abi_size only checks the total size, which two swapped fields of one type keep)."""
+    header = (Path(__file__).resolve().parents[1] / "csrc" / "gn_api.h").read_text()
+    body = header[header.index("typedef struct GnArgs {") : header.index("} GnArgs;")].splitlines()[1:]
+    names = []
+    for line in body:
+        decl = line.split("//")[0].strip()
+        if not decl:
+            continue
+        decl = re.sub(r"\[[^\]]*\]", "", decl.rstrip(";"))
+        words = [w.strip() for w in decl.split(",")]
+        names.append(words[0].replace("*", " ").split()[-1])
+        names += words[1:]
+    assert names == [name for name, _ in _abi.GnArgs._fields_]
