@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
   __shared__ unsigned flag;  // this launch's flag value of the current task (thread 0's: arrive)
-  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const TeamPlace place(a);
+  const int team = place.team, member = place.member;
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
     // schedule.member_tiles: contiguous, balanced, every tile of the task exactly once
@@ -133,7 +134,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   let_dependents_in();
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
-  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const TeamPlace place(a);
+  const int team = place.team, member = place.member;
   int64_t tiles_done = 0;
   if (team < a.teams) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
@@ -153,7 +155,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
-  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const TeamPlace place(a);
+  const int team = place.team, member = place.member;
   const int64_t tasks = task_count(a);
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams && team < tasks) {

@@ -556,6 +556,10 @@ def _args(
         a.windows_per_sample, a.chunks_per_tile = t.channels // t.window, t.chunks_per_tile
         a.rows_per_tile, a.tiles_per_slice, a.col_chunks = t.rows_per_tile, t.tiles_per_task, 1
         a.grad_dtype = a.w_dtype if _typed_param_grads(p) else 0
+        for name in _abi.FAST_DIVISORS:
+            mul, shift = schedule.fast_divisor(getattr(a, name))
+            setattr(a, f"{name}_mul", mul)
+            setattr(a, f"{name}_shift", shift)
         _workspace_offsets(a, p.workspace_floats)
         return a
     a.arch = 1

@@ -416,6 +416,19 @@ def max_tiles_per_task(channels: int, window: int, batch: int = 1, direction: st
     return max(1, min(per_sample, MAX_TILES_PER_LAUNCH[direction] // (batch * windows)))
 
 
+def fast_divisor(d: int) -> tuple[int, int]:
+    """(mul, shift) with ``n // d == (umulhi(n, mul) + n) >> shift`` for every 0 <= n < 2**31, where
+    umulhi is the high 32 bits of the 64-bit product (csrc fast_div). The kernels divide by the task
+    geometry's run-time constants this way: a division is a chain of some 25 dependent instructions, and
+    a one-launch block had ten ahead of its first copy. Granlund and Montgomery's 33-bit multiplier
+    2**32 + mul = floor(2**(32 + shift) / d) + 1 with shift = ceil(log2 d); n < 2**31 keeps the sum in
+    32 bits."""
+    if not 1 <= d < 2**31:
+        raise ValueError(f"divisor must be in [1, 2**31), got {d}")
+    shift = (d - 1).bit_length()
+    return ((1 << 32) * ((1 << shift) - d)) // d + 1, shift
+
+
 def task_window(channels: int, groups: int, itemsize: int) -> int:
     """Channels per task: the narrowest whole number of groups that divides C into rows of whole
     16-byte vectors of at least WINDOW_BYTES, or all of C when none does."""
