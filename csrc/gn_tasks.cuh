@@ -123,6 +123,16 @@ __device__ __forceinline__ void wait_for_prerequisites() {
 #endif
 }
 
+// ---------------------------------------------------------------- thread-block clusters
+// Every thread of the cluster arrives (releasing its writes, global memory included, at cluster scope)
+// and waits for all of them (acquiring theirs): the hardware barrier of a cluster team (sm_90 code only;
+// GnArgs::cluster_teams is never set for builds below sm_90).
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- profiling
 // Optional phase timeline (GnArgs::trace, scripts/profile_tasks.py --trace): thread 0 of each block
 // records clock64() at numbered points; one null check per point when off.

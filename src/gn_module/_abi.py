@@ -90,6 +90,7 @@ class GnArgs(ctypes.Structure):
         ("grad_dtype", _i32),
         ("wide_dtype", _i32),  # y's (forward) / dy's (backward) dtype code: dtype, or float32 (wide)
         ("dependent_launch", _i32),  # 1: the apply launch is a programmatic dependent launch (sm_90)
+        ("cluster_teams", _i32),  # 1: the one-launch forward's teams run as thread-block clusters (sm_90)
         # n / d as (umulhi(n, mul) + n) >> shift for the task geometry's divisors (schedule.fast_divisor)
         *((f"{name}_{part}", _u32) for name in FAST_DIVISORS for part in ("mul", "shift")),
     ]

@@ -402,6 +402,9 @@ ROUND_OVERHEAD_CHUNKS = 1
 TWO_PASS_NO_OVERFLOW = 1 << 30
 #: Synchronisation words per task (csrc kSyncWordsPerTask): arrivals, flag, column count.
 SYNC_WORDS_PER_TASK = 3
+#: Most blocks of a team that runs as one thread-block cluster (the portable cluster size; csrc
+#: fwd_task_cluster, sm_90 builds, ops.cluster_teams).
+CLUSTER_MAX_TEAM = 8
 #: Low bits of an arrival counter that count one launch's arrivals (csrc kGenerationBits): the high bits
 #: number the launches, and a task launch has fewer blocks than 2**GENERATION_BITS (`make_task_plan`).
 GENERATION_BITS = 16
@@ -775,6 +778,21 @@ def make_task_plan(
         grid=grid,
         teams=teams,
         workspace_floats=workspace,
+    )
+
+
+def cluster_teams_fit(p: TaskPlan) -> bool:
+    """Whether the one-launch forward of plan `p` may run its teams as thread-block clusters: one round
+    (one task per team, so the grid is tasks x team size, one cluster each) of teams of at most
+    CLUSTER_MAX_TEAM blocks. The plan, and so the tiles, partials and bits, are the same either way."""
+    teams = p.teams
+    return (
+        p.direction == "fwd"
+        and p.schedule == 1
+        and teams is not None
+        and teams.rounds == 1
+        and teams.teams == p.tiling.tasks
+        and 1 < teams.team_size <= CLUSTER_MAX_TEAM
     )
 
 
