@@ -6,7 +6,8 @@
 # TREE@ARCH runs that tree under GN_ARCH=ARCH (else the environment's). Under tasks+bwd1 the trace shows
 # the one-launch kernel's phases for the shapes that take it. TREE%PLANTING (after
 # any @ARCH) runs that tree's kernels with a planting of its scripts/plant_bug.py (GN_CSRC_DIR), e.g.
-# the timing experiment timing-bwd-no-param-sums.
+# the timing experiment timing-bwd-no-param-sums. TREE+VAR=VALUE (last, repeatable) runs that tree with
+# the variable set, e.g. exp=.clean_exp+GN_CLUSTER_TEAMS=1 (an opt-in launch option).
 # Each tree builds its own library (the build cache is keyed by the sources), and runs from its own
 # src/ (PYTHONPATH), so the trees may differ in csrc/ and in Python.
 set -uo pipefail
@@ -27,6 +28,12 @@ for pair in "$@"; do
   name=${pair%%=*}
   spec=${pair#*=}
   arch= planting=
+  envs=()
+  if [[ $spec == *+* ]]; then
+    IFS='+' read -r -a parts <<<"$spec"
+    spec=${parts[0]}
+    envs=("${parts[@]:1}")
+  fi
   if [[ $spec == *%* ]]; then planting=${spec#*%}; spec=${spec%%\%*}; fi
   if [[ $spec == *@* ]]; then arch=${spec#*@}; spec=${spec%%@*}; fi
   tree=$(cd "$spec" && pwd) || exit 1
@@ -38,12 +45,13 @@ for pair in "$@"; do
   arch=${arch:-$env_arch}
   if [ -n "$arch" ]; then export GN_ARCH=$arch; else unset GN_ARCH; fi
   mkdir -p "$out/$name"
-  echo "== $name ($tree${arch:+, GN_ARCH=$arch}${planting:+, planted $planting})" | tee -a "$out/summary.txt"
-  (cd "$tree" && PYTHONPATH="$tree/src:$tree" python3 -m gn_module.bench --shapes "$SHAPES" --dtypes fp16 \
+  echo "== $name ($tree${arch:+, GN_ARCH=$arch}${planting:+, planted $planting}${envs[*]:+, ${envs[*]}})" \
+    | tee -a "$out/summary.txt"
+  (cd "$tree" && env "${envs[@]}" PYTHONPATH="$tree/src:$tree" python3 -m gn_module.bench --shapes "$SHAPES" --dtypes fp16 \
     --directions "$DIRECTION" --impls ours-auto --reps 50 --max-seconds 0.2 --json "$out/$name/bench.json" \
     --markdown "$out/$name/bench.md" >"$out/$name/bench.log" 2>&1) || status=1
   grep -E "^\| " "$out/$name/bench.md" | tee -a "$out/summary.txt"
-  (cd "$tree" && PYTHONPATH="$tree/src:$tree" python3 scripts/profile_tasks.py "$profile" \
+  (cd "$tree" && env "${envs[@]}" PYTHONPATH="$tree/src:$tree" python3 scripts/profile_tasks.py "$profile" \
     >"$out/$name/profile.log" 2>&1) || status=1
   cat "$out/$name/profile.log" >>"$out/summary.txt"
 done

@@ -12,7 +12,7 @@ import torch
 import gn_module
 from gn_module import functional, ops, reference
 
-from .test_kernels import make_case
+from .test_kernels import make_case, shape_id
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -60,9 +60,7 @@ def _format(shape):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("act", [None, "silu", "gelu"], ids=lambda a: a or "noact")
-@pytest.mark.parametrize(
-    ("shape", "groups"), SHAPES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else f"G{v}"
-)
+@pytest.mark.parametrize(("shape", "groups"), SHAPES, ids=shape_id)
 def test_wide_against_fp64(shape, groups, dtype, act):
     x, w, b, dy = wide_case(shape, groups, DTYPES[dtype])
     with ops.launch_record() as rec:

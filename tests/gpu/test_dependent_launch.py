@@ -11,7 +11,7 @@ import torch
 
 from gn_module import _abi, ops
 
-from .test_kernels import check_against_reference, make_case, run
+from .test_kernels import check_against_reference, make_case, run, shape_id
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -43,9 +43,7 @@ def test_the_launches_ask_for_it_where_the_code_has_the_wait():
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
 @pytest.mark.parametrize("act", [None, "silu"], ids=lambda a: a or "noact")
-@pytest.mark.parametrize(
-    ("shape", "groups"), SHAPES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else f"G{v}"
-)
+@pytest.mark.parametrize(("shape", "groups"), SHAPES, ids=shape_id)
 def test_against_fp64_and_bitwise_equal_to_plain_launches(shape, groups, dtype, act):
     x, w, b, dy = make_case(shape, groups, DTYPES[dtype], mean=3.0)
     with ops.dependent_launches(), ops.launch_record() as rec:

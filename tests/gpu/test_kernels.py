@@ -24,6 +24,11 @@ def _poison():
         yield
 
 
+def shape_id(value: object) -> str:
+    """A readable pytest id for a (shape, groups) parameter pair: "2x320x16x16", "G32"."""
+    return "x".join(map(str, value)) if isinstance(value, tuple) else f"G{value}"
+
+
 def make_case(shape, groups, dtype, wdtype=None, affine=True, device="cuda", mean=0.0, std=1.0):
     """Channels-last input, weight/bias and upstream gradient, all fresh random."""
     fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(shape))

@@ -9,7 +9,7 @@ import torch
 
 from gn_module import ops
 
-from .test_kernels import check_against_reference, make_case, run
+from .test_kernels import check_against_reference, make_case, run, shape_id
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -36,9 +36,7 @@ def _tasks_bwd(monkeypatch):
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
 @pytest.mark.parametrize("act", [None, "silu"], ids=lambda a: a or "noact")
-@pytest.mark.parametrize(
-    ("shape", "groups"), SHAPES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else f"G{v}"
-)
+@pytest.mark.parametrize(("shape", "groups"), SHAPES, ids=shape_id)
 def test_task_backward_against_fp64(shape, groups, dtype, act):
     x, w, b, dy = make_case(shape, groups, DTYPES[dtype], mean=3.0)
     with ops.launch_record() as rec:

@@ -10,7 +10,7 @@ import torch
 
 from gn_module import ops, schedule
 
-from .test_kernels import check_against_reference, make_case, run
+from .test_kernels import check_against_reference, make_case, run, shape_id
 from .test_task_backward import DTYPES, SHAPES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -35,9 +35,7 @@ def _check_record(bwd: dict) -> None:
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
 @pytest.mark.parametrize("act", ACTS, ids=lambda a: a or "noact")
-@pytest.mark.parametrize(
-    ("shape", "groups"), SHAPES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else f"G{v}"
-)
+@pytest.mark.parametrize(("shape", "groups"), SHAPES, ids=shape_id)
 def test_onepass_backward_against_fp64(shape, groups, dtype, act):
     x, w, b, dy = make_case(shape, groups, DTYPES[dtype], mean=0.5 if act == "relu" else 3.0)
     with ops.launch_record() as rec:
