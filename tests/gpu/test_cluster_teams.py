@@ -13,7 +13,7 @@ import torch
 import gn_module
 from gn_module import ops, schedule
 
-from .test_kernels import check_against_reference, make_case, run
+from .test_kernels import check_against_reference, make_case, run, shape_id
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -49,9 +49,7 @@ def forward_kernels(fn) -> set[str]:
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
 @pytest.mark.parametrize("act", [None, "silu", "relu"], ids=lambda a: a or "noact")
-@pytest.mark.parametrize(
-    ("shape", "groups"), SHAPES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else f"G{v}"
-)
+@pytest.mark.parametrize(("shape", "groups"), SHAPES, ids=shape_id)
 def test_against_fp64_and_bitwise_equal_to_cooperative_teams(shape, groups, dtype, act):
     x, w, b, dy = make_case(shape, groups, DTYPES[dtype], mean=3.0)
     with ops.cluster_teams(), ops.launch_record() as rec:
