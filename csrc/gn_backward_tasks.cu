@@ -15,7 +15,7 @@ template <typename T, int V, typename TW = T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
   let_dependents_in();
   const TaskSmem<T, TW> sm(a, 2);
-  const TeamPlace place(a);
+  const TeamPlace<true> place(a);
   const int team = place.team, member = place.member;
   int64_t tiles_done = 0;
   trace_point(a, 0);
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
 template <typename T, int V, typename TW = T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   const TaskSmem<T, TW> sm(a, 2);
-  const TeamPlace place(a);
+  const TeamPlace<true> place(a);
   const int team = place.team, member = place.member;
   const int64_t tasks = task_count(a);
   int64_t tiles_done = 0, reread = 0;

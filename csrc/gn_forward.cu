@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
   __shared__ unsigned flag;  // this launch's flag value of the current task (thread 0's: arrive)
-  const TeamPlace place(a);
+  const TeamPlace<> place(a);
   const int team = place.team, member = place.member;
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
@@ -134,7 +134,7 @@ template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   trace_point(a, 0);  // the trace points of fwd_task_onepass's one round
   const TaskSmem<T> sm(a);
-  const TeamPlace place(a);  // (one task per team: the team is the task)
+  const TeamPlace<> place(a);  // (one task per team: the team is the task)
   const int task = place.team, member = place.member;
   const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
   prefetch_task_params(a, task);
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   let_dependents_in();
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
-  const TeamPlace place(a);
+  const TeamPlace<> place(a);
   const int team = place.team, member = place.member;
   int64_t tiles_done = 0;
   if (team < a.teams) {
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
-  const TeamPlace place(a);
+  const TeamPlace<> place(a);
   const int team = place.team, member = place.member;
   const int64_t tasks = task_count(a);
   int64_t tiles_done = 0, reread = 0;

@@ -171,11 +171,15 @@ __device__ __forceinline__ int group_of(const GnArgs& a, int c) {
   return fast_div(c, a.channels_per_group_mul, a.channels_per_group_shift);
 }
 __device__ __forceinline__ int groups_per_window(const GnArgs& a) { return a.groups_per_window; }
-// A block's team and its member number in it (blockIdx.x = team * team_size + member).
+// A block's team and its member number in it (blockIdx.x = team * team_size + member), with GnArgs'
+// multiply-high or, kDivide, a division: the backward's stats and apply kernels sit at the 128-register
+// cap, and the multiply-high's form of this one quotient tipped them into spills on sm_80-sm_121.
+template <bool kDivide = false>
 struct TeamPlace {
   int team, member;
   __device__ explicit TeamPlace(const GnArgs& a)
-      : team(fast_div(static_cast<int>(blockIdx.x), a.team_size_mul, a.team_size_shift)),
+      : team(kDivide ? static_cast<int>(blockIdx.x / a.team_size)
+                     : fast_div(static_cast<int>(blockIdx.x), a.team_size_mul, a.team_size_shift)),
         member(static_cast<int>(blockIdx.x) - team * a.team_size) {}
 };
 // The tiles [t0, t1) of member `member` of a team (schedule.member_tiles; tiles per task <= 256 and
