@@ -1,5 +1,6 @@
-"""Cluster teams (opt-in) without a GPU: which plans may run their one-launch forward's teams as thread-block
-clusters (schedule.cluster_teams_fit), and when a launch asks for it (GnArgs.cluster_teams).
+"""Cluster teams (on by default where the build runs sm_90 code) without a GPU: which plans may run their
+one-launch forward's teams as thread-block clusters (schedule.cluster_teams_fit), and when a launch asks
+for it (GnArgs.cluster_teams).
 
 The stub library (scripts/host_overhead.py, an H200-like device) records launches and reports the build's
 __CUDA_ARCH__: clusters are sm_90 code, so a compute_80 PTX build never asks. The bits with and without
@@ -50,12 +51,13 @@ def test_plans_that_fit() -> None:
     assert not schedule.cluster_teams_fit(bwd)
 
 
-def test_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert flag() == 0
-    with ops.cluster_teams():
-        assert flag() == 1
-        with ops.cluster_teams(False):
-            assert flag() == 0
+def test_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ops.ENV_CLUSTER, raising=False)
+    assert flag() == 1
+    with ops.cluster_teams(False):
+        assert flag() == 0
+        with ops.cluster_teams():
+            assert flag() == 1
     monkeypatch.setenv(ops.ENV_CLUSTER, "1")
     assert ops.cluster_teams_enabled() and flag() == 1
     monkeypatch.setenv(ops.ENV_CLUSTER, "0")
@@ -80,10 +82,10 @@ def test_never_for_code_below_sm90(cuda_arch: int) -> None:
 def test_the_setting_is_part_of_the_cached_launch() -> None:
     x = torch.randn(SMALL).half().contiguous(memory_format=torch.channels_last)
     with host_overhead.cpu_device(ArchStub(900)):
-        plain = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 1, None)
-        with ops.cluster_teams():
-            clustered = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 1, None)
-        assert ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 1, None) is plain
+        clustered = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 1, None)
+        with ops.cluster_teams(False):
+            plain = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 1, None)
+        assert ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 1, None) is clustered
     assert clustered is not plain and clustered.plan == plain.plan
 
 

@@ -204,12 +204,13 @@ class _LaunchSwitch:
 #: device for its writes (csrc gn_tasks.cuh, gn_dispatch.cuh). GN_DEPENDENT_LAUNCH=0 turns it off.
 ENV_DEPENDENT = "GN_DEPENDENT_LAUNCH"
 _DEPENDENT = _LaunchSwitch(ENV_DEPENDENT, default=True)
-#: Opt-in (until the GPU suite passes on it): the one-launch forward's teams of at most
+#: On by default (session 17: the GPU suite, 1219 passed, and the plugin's task cases under it; the small
+#: one-launch forwards 13.0-13.4 -> 10.6-11.0 us, RESULTS.md): the one-launch forward's teams of at most
 #: schedule.CLUSTER_MAX_TEAM blocks run as thread-block clusters where the build runs sm_90 code, and meet
 #: at the cluster's hardware barrier instead of an arrival counter and a flag in global memory
-#: (csrc fwd_task_cluster). Same plan, same bits. GN_CLUSTER_TEAMS=1 turns it on.
+#: (csrc fwd_task_cluster). Same plan, same bits. GN_CLUSTER_TEAMS=0 turns it off.
 ENV_CLUSTER = "GN_CLUSTER_TEAMS"
-_CLUSTER = _LaunchSwitch(ENV_CLUSTER, default=False)
+_CLUSTER = _LaunchSwitch(ENV_CLUSTER, default=True)
 
 
 def dependent_launches(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
@@ -232,7 +233,8 @@ def cluster_teams(enabled: bool = True) -> contextlib.AbstractContextManager[Non
 
 
 def cluster_teams_enabled() -> bool:
-    """Whether cluster teams are asked for: the innermost `cluster_teams` block, else GN_CLUSTER_TEAMS=1."""
+    """Whether cluster teams are asked for: the innermost `cluster_teams` block, else on unless
+    GN_CLUSTER_TEAMS=0."""
     return _CLUSTER.enabled()
 
 
