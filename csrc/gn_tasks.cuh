@@ -172,7 +172,7 @@ __device__ __forceinline__ int group_of(const GnArgs& a, int c) {
 }
 __device__ __forceinline__ int groups_per_window(const GnArgs& a) { return a.groups_per_window; }
 // A block's team and its member number in it (blockIdx.x = team * team_size + member), with GnArgs'
-// multiply-high or, kDivide, a division: the backward's stats and apply kernels sit at the 128-register
+// multiply-high or, kDivide, a division: the backward kernels (stats, apply, one launch) sit at the 128-register
 // cap, and the multiply-high's form of this one quotient tipped them into spills on sm_80-sm_121.
 template <bool kDivide = false>
 struct TeamPlace {
@@ -296,10 +296,8 @@ struct TaskLane {
   int col, row;
   bool active;
   __device__ explicit TaskLane(const GnArgs& a)
-      : col(0), row(fast_div(static_cast<int>(threadIdx.x), a.cols_threads_mul, a.cols_threads_shift)),
-        active(row < a.rows_threads) {
-    col = static_cast<int>(threadIdx.x) - row * a.cols_threads;
-  }
+      : col(threadIdx.x % a.cols_threads), row(threadIdx.x / a.cols_threads),
+        active(threadIdx.x / a.cols_threads < a.rows_threads) {}
 };
 
 // This thread's rows of one chunk, global memory -> its places in the slot (`s`, this thread's place
