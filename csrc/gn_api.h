@@ -63,8 +63,21 @@ typedef struct GnArgs {
   int32_t wide_dtype;
   // 1: the two-launch task schedules start their apply launch as a programmatic dependent launch (sm_90
   // builds only: the stats launch lets it in at once, the apply waits for the stats launch's writes);
-  // 0: the apply launch starts after the stats launch ends (ops.dependent_launches, opt-in)
+  // 0: the apply launch starts after the stats launch ends (ops.dependent_launches; on by default)
   int32_t dependent_launch;
+  // 1: the one-launch forward (schedule 1, one round, teams of at most 8 blocks: schedule.cluster_teams_fit)
+  // runs each team as a thread-block cluster that meets at the cluster barrier (sm_90 builds only;
+  // ops.cluster_teams, opt-in); 0: a cooperative launch whose teams meet at counters in global memory
+  int32_t cluster_teams;
+  // n / d == (umulhi(n, mul) + n) >> shift for 0 <= n < 2**31 and d each of team_size,
+  // windows_per_sample, cols_threads, chunk_rows and channels_per_group (schedule.fast_divisor; task
+  // kernels: gn_tasks.cuh fast_div): a division's chain of dependent instructions, ten of them ahead of
+  // a one-launch block's first copy, becomes a multiply-high and a shift.
+  uint32_t team_size_mul, team_size_shift;
+  uint32_t windows_per_sample_mul, windows_per_sample_shift;
+  uint32_t cols_threads_mul, cols_threads_shift;
+  uint32_t chunk_rows_mul, chunk_rows_shift;
+  uint32_t channels_per_group_mul, channels_per_group_shift;
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

@@ -15,7 +15,8 @@ namespace gn {
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
   const TaskSmem<T> sm(a, 2);
-  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const TeamPlace<true> place(a);
+  const int team = place.team, member = place.member;
   // thread 0's flag value and counts in shared memory: registers live across the stats and apply
   // loops spilled on sm_110 and sm_120.
   __shared__ unsigned target;

@@ -15,7 +15,8 @@ template <typename T, int V, typename TW = T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
   let_dependents_in();
   const TaskSmem<T, TW> sm(a, 2);
-  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const TeamPlace<true> place(a);
+  const int team = place.team, member = place.member;
   int64_t tiles_done = 0;
   trace_point(a, 0);
   if (team < a.teams) {
@@ -45,7 +46,8 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
 template <typename T, int V, typename TW = T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   const TaskSmem<T, TW> sm(a, 2);
-  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const TeamPlace<true> place(a);
+  const int team = place.team, member = place.member;
   const int64_t tasks = task_count(a);
   int64_t tiles_done = 0, reread = 0;
   // trace points of the block's first task (its team's last): 8 start, 10 dx written (its dweight/dbias

@@ -115,6 +115,59 @@ inline int launch_cooperative(const GnArgs& a, cudaStream_t stream, Kernel kerne
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
+// Whether the device can place one cluster of `config` (cudaOccupancyMaxActiveClusters), remembered per
+// (kernel, device, cluster size, shared memory): the query sits on the launch's host path.
+inline cudaError_t cluster_fits(Kernel kernel, const cudaLaunchConfig_t& config, bool* fits) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  static std::mutex mutex;
+  static std::map<std::pair<std::pair<const void*, int>, std::pair<unsigned, size_t>>, bool> known;
+  const auto key = std::make_pair(std::make_pair(reinterpret_cast<const void*>(kernel), device),
+                                  std::make_pair(config.attrs[0].val.clusterDim.x, config.dynamicSmemBytes));
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto it = known.find(key);
+    if (it != known.end()) {
+      *fits = it->second;
+      return cudaSuccess;
+    }
+  }
+  int clusters = 0;
+  err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  if (err != cudaSuccess) return err;
+  *fits = clusters >= 1;
+  const std::lock_guard<std::mutex> lock(mutex);
+  known[key] = *fits;
+  return cudaSuccess;
+}
+
+// The same grid as thread-block clusters of a.team_size blocks (fwd_task_cluster: a team per cluster,
+// co-scheduled by the hardware; no cooperative launch). kNoClusterFits, launching nothing, when this
+// device cannot place one such cluster (the caller launches the cooperative kernel instead).
+constexpr int kNoClusterFits = -1;
+inline int launch_clusters(const GnArgs& a, cudaStream_t stream, Kernel kernel) {
+  cudaError_t err = allow_smem(reinterpret_cast<const void*>(kernel), a.smem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(a.team_size);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(a.grid));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(a.smem);
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  bool fits = false;
+  if ((err = cluster_fits(kernel, config, &fits)) != cudaSuccess) return err;
+  if (!fits) return kNoClusterFits;
+  err = cudaLaunchKernelEx(&config, kernel, a);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
 inline int launch_pair(const GnArgs& a, cudaStream_t stream, Kernel stats, Kernel apply) {
   cudaError_t err;
   if ((err = allow_smem(reinterpret_cast<const void*>(stats), a.smem)) != cudaSuccess) return err;

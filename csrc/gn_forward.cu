@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
   __shared__ unsigned flag;  // this launch's flag value of the current task (thread 0's: arrive)
-  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const TeamPlace<> place(a);
+  const int team = place.team, member = place.member;
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams) {
     // schedule.member_tiles: contiguous, balanced, every tile of the task exactly once
@@ -123,6 +124,44 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
 
+// The one launch where each team is a thread-block cluster (GnArgs::cluster_teams, sm_90 builds;
+// schedule.cluster_teams_fit: one task per team, teams of at most 8): cluster c runs task c, its block
+// of rank m is member m. The members write their tile partials, meet at the cluster's hardware barrier
+// (no arrival counter, no flag, no poll of global memory), and each computes the task's statistics from
+// the partials itself (group_stats, as the last member of fwd_task_onepass does: the same bits); member 0
+// also stores them for the backward. Nothing waits across clusters, so the launch is not cooperative.
+template <typename T, int V, typename TY = T>
+__global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
+  trace_point(a, 0);  // the trace points of fwd_task_onepass's one round
+  const TaskSmem<T> sm(a);
+  const TeamPlace<> place(a);  // (one task per team: the team is the task)
+  const int task = place.team, member = place.member;
+  const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
+  prefetch_task_params(a, task);
+  const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);
+  trace_point(a, 1);
+  load_task_params(a, task, sm.param);  // (its loads fly across the barrier)
+  cluster_barrier();
+  trace_point(a, 2);
+  const int64_t ng0 = task_group0(a, task);
+  group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+    sm.grp[gl] = make_float2(mean, rstd);
+    if (member == 0) {
+      a.mean[ng0 + gl] = mean;
+      a.rstd[ng0 + gl] = rstd;
+    }
+  });
+  __syncthreads();
+  trace_point(a, 3);
+  const int reread = member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
+  trace_point(a, 4);
+  trace_point(a, 15);
+  record(a, 1, static_cast<int>(t1 - t0));
+  record(a, 2, static_cast<int>(t1 - t0));
+  record(a, 3, reread);
+  if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+}
+
 // Two launches over the same persistent teams as the one-pass kernel (no block waits for another,
 // so any grid works): each member reduces its tiles of its team's tasks and the last member of a
 // task to arrive combines; then each member writes y for the same tiles, its tasks in reverse
@@ -133,7 +172,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   let_dependents_in();
   trace_point(a, 0);
   const TaskSmem<T> sm(a);
-  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const TeamPlace<> place(a);
+  const int team = place.team, member = place.member;
   int64_t tiles_done = 0;
   if (team < a.teams) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
@@ -153,7 +193,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   const TaskSmem<T> sm(a);
-  const int team = blockIdx.x / a.team_size, member = blockIdx.x % a.team_size;
+  const TeamPlace<> place(a);
+  const int team = place.team, member = place.member;
   const int64_t tasks = task_count(a);
   int64_t tiles_done = 0, reread = 0;
   if (team < a.teams && team < tasks) {
@@ -182,6 +223,10 @@ int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
   using TY = typename Cfg::wide;
   constexpr int V = Cfg::vec;
   if (!task_rows_fit<T, V>(a)) return cudaErrorInvalidValue;
+  if (a.schedule == 1 && a.cluster_teams) {
+    const int err = launch_clusters(a, stream, fwd_task_cluster<T, V, TY>);
+    if (err != kNoClusterFits) return err;  // (else the teams as a cooperative grid)
+  }
   if (a.schedule == 1) return launch_cooperative(a, stream, fwd_task_onepass<T, V, TY>);
   return launch_pair(a, stream, fwd_task_stats<T, V>, fwd_task_apply<T, V, TY>);
 }

@@ -123,6 +123,16 @@ __device__ __forceinline__ void wait_for_prerequisites() {
 #endif
 }
 
+// ---------------------------------------------------------------- thread-block clusters
+// Every thread of the cluster arrives (releasing its writes, global memory included, at cluster scope)
+// and waits for all of them (acquiring theirs): the hardware barrier of a cluster team (sm_90 code only;
+// GnArgs::cluster_teams is never set for builds below sm_90).
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- profiling
 // Optional phase timeline (GnArgs::trace, scripts/profile_tasks.py --trace): thread 0 of each block
 // records clock64() at numbered points; one null check per point when off.
@@ -137,19 +147,45 @@ __device__ __forceinline__ void trace_point(const GnArgs& a, int point) {
 // Divisions come precomputed from the schedule (GnArgs' derived fields) or are 32-bit: a 64-bit
 // division is a long dependent call, and a block's prologue had several before its first copy
 // (schedule.task_tiling keeps tasks, tiles and rows per tile below 2**31, so these fit).
+// n / d for 0 <= n < 2**31 and a divisor d whose (mul, shift) GnArgs carries (schedule.fast_divisor).
+__device__ __forceinline__ int fast_div(int n, uint32_t mul, uint32_t shift) {
+  const unsigned u = static_cast<unsigned>(n);
+  return static_cast<int>((__umulhi(u, mul) + u) >> shift);
+}
+// Whether a warp holds whole rows of a chunk (32 % cols_threads == 0: fold_channels folds its rows first).
+__device__ __forceinline__ bool warp_holds_rows(const GnArgs& a) {
+  return fast_div(32, a.cols_threads_mul, a.cols_threads_shift) * a.cols_threads == 32;
+}
 __device__ __forceinline__ int windows_per_sample(const GnArgs& a) { return a.windows_per_sample; }
 __device__ __forceinline__ int64_t task_count(const GnArgs& a) { return a.n * windows_per_sample(a); }
 __device__ __forceinline__ int64_t task_sample(const GnArgs& a, int64_t task) {
-  return static_cast<int>(task) / windows_per_sample(a);
+  return fast_div(static_cast<int>(task), a.windows_per_sample_mul, a.windows_per_sample_shift);
 }
 __device__ __forceinline__ int64_t task_c0(const GnArgs& a, int64_t task) {
-  return static_cast<int64_t>(static_cast<int>(task) % windows_per_sample(a)) * a.window;
+  const int t = static_cast<int>(task);
+  return static_cast<int64_t>(t - static_cast<int>(task_sample(a, task)) * windows_per_sample(a)) * a.window;
 }
 __device__ __forceinline__ int channels_per_group(const GnArgs& a) { return a.channels_per_group; }
+// c / channels_per_group for a channel offset 0 <= c < 2**31
+__device__ __forceinline__ int group_of(const GnArgs& a, int c) {
+  return fast_div(c, a.channels_per_group_mul, a.channels_per_group_shift);
+}
 __device__ __forceinline__ int groups_per_window(const GnArgs& a) { return a.groups_per_window; }
-// The tiles [t0, t1) of member `member` of a team (schedule.member_tiles).
+// A block's team and its member number in it (blockIdx.x = team * team_size + member), with GnArgs'
+// multiply-high or, kDivide, a division: the backward kernels (stats, apply, one launch) sit at the 128-register
+// cap, and the multiply-high's form of this one quotient tipped them into spills on sm_80-sm_121.
+template <bool kDivide = false>
+struct TeamPlace {
+  int team, member;
+  __device__ explicit TeamPlace(const GnArgs& a)
+      : team(kDivide ? static_cast<int>(blockIdx.x / a.team_size)
+                     : fast_div(static_cast<int>(blockIdx.x), a.team_size_mul, a.team_size_shift)),
+        member(static_cast<int>(blockIdx.x) - team * a.team_size) {}
+};
+// The tiles [t0, t1) of member `member` of a team (schedule.member_tiles; tiles per task <= 256 and
+// members < 2**16, so the product stays below 2**31).
 __device__ __forceinline__ int member_tile(const GnArgs& a, int member) {
-  return member * static_cast<int>(a.tiles_per_task) / a.team_size;
+  return fast_div(member * static_cast<int>(a.tiles_per_task), a.team_size_mul, a.team_size_shift);
 }
 
 // Rows of a chunk per thread, a compile-time bound so the row loops unroll with constant offsets:
@@ -185,7 +221,7 @@ struct ThreadChunks {
     left = row_end - row_begin - row;
     chunk_rows = static_cast<int>(a.chunk_rows);
     full = left <= 0          ? 0
-           : left <= INT_MAX ? static_cast<int>(left) / chunk_rows
+           : left <= INT_MAX ? fast_div(static_cast<int>(left), a.chunk_rows_mul, a.chunk_rows_shift)
                              : static_cast<int>(min(left / chunk_rows, static_cast<int64_t>(INT_MAX)));
   }
   __device__ int64_t offset(int q) const { return first + q * cstep; }
@@ -222,7 +258,7 @@ struct TaskSmem {
         tensors == 2 ? (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(TW)) + 15) / 16 * 16 : 0;
     const int64_t slot_bytes = chunk_bytes + dy_chunk_bytes;
     const int width = a.cols_threads * a.vec;
-    const int srows = (32 % a.cols_threads) == 0 ? kWarps : a.rows_threads;  // fold_channels' rows
+    const int srows = warp_holds_rows(a) ? kWarps : a.rows_threads;  // fold_channels' rows
     // the backward's apply launch also folds its warps' dweight/dbias strips there (bwd_param_strip)
     const int scratch_pairs = tensors == 2 ? max(srows * width, kThreads) : srows * width;
     slot0 = reinterpret_cast<T*>(smem);
@@ -315,7 +351,7 @@ __device__ __forceinline__ void prefetch_task_params(const GnArgs& a, int64_t ta
 
 // The first (sample, group) index of a task's window in mean/rstd.
 __device__ __forceinline__ int64_t task_group0(const GnArgs& a, int64_t task) {
-  return task_sample(a, task) * a.g + task_c0(a, task) / channels_per_group(a);
+  return task_sample(a, task) * a.g + group_of(a, static_cast<int>(task_c0(a, task)));
 }
 
 // A task's mean and rstd from global memory (published by another block) into shared memory.
@@ -355,7 +391,7 @@ __device__ void fold_channels(const GnArgs& a, const TaskLane& lane, const Sm& s
                               float (&s2)[V]) {
   const int ct = a.cols_threads;
   const int width = ct * V;
-  const bool fold_warp = (32 % ct) == 0;
+  const bool fold_warp = (32 % ct) == 0;  // (not warp_holds_rows: it spilled the wide backward stats)
   const int warp = threadIdx.x / 32, lane_id = threadIdx.x % 32;
   const int srows = fold_warp ? kWarps : a.rows_threads;
   const int srow = fold_warp ? warp : lane.row;
@@ -428,10 +464,11 @@ __device__ void finish_tile(const GnArgs& a, const TaskLane& lane, const TaskSme
   }
 }
 
-// Threads that share one group in the combine: a power of two <= 32 (one warp's butterfly).
-__device__ __forceinline__ int combine_lanes(int gw) {
-  int t = 32;
-  while (t > 1 && t * gw > kThreads) t >>= 1;
+// Threads that share one group in the combine: a power of two <= 32 (one warp's butterfly), as its log2
+// (the lane index and the tile bounds are then shifts and masks, not divisions).
+__device__ __forceinline__ int combine_lanes_log2(int gw) {
+  int t = 5;
+  while (t > 0 && (gw << t) > kThreads) --t;
   return t;
 }
 
@@ -475,11 +512,11 @@ __device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&
   const int cpg = channels_per_group(a);
   const int gw = groups_per_window(a);
   const int tiles = static_cast<int>(a.tiles_per_task);
-  const int lanes = combine_lanes(gw);
-  const int j = threadIdx.x % lanes;
-  const int lo = j * tiles / lanes, hi = (j + 1) * tiles / lanes;
-  for (int base = 0; base < gw; base += kThreads / lanes) {
-    const int gl = base + threadIdx.x / lanes;
+  const int log2_lanes = combine_lanes_log2(gw), lanes = 1 << log2_lanes;
+  const int j = threadIdx.x & (lanes - 1);
+  const int lo = (j * tiles) >> log2_lanes, hi = ((j + 1) * tiles) >> log2_lanes;
+  for (int base = 0; base < gw; base += kThreads >> log2_lanes) {
+    const int gl = base + (threadIdx.x >> log2_lanes);
     float2 acc = make_float2(0.f, 0.f);
     float shift = 0.f;
     if (gl < gw) {
@@ -516,7 +553,7 @@ template <int V>
 __device__ __forceinline__ void column_groups(const GnArgs& a, int col, int (&g)[V]) {
   const int cpg = channels_per_group(a), last = groups_per_window(a) - 1;
   const int c = col * V;
-  int q = c / cpg, in_group = c - q * cpg;
+  int q = group_of(a, c), in_group = c - q * cpg;
 #pragma unroll
   for (int v = 0; v < V; ++v, ++in_group) {
     if (in_group == cpg) {
@@ -706,7 +743,8 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t
 // has used it. Returns the reads.
 template <typename Read, typename Started, typename Use>
 __device__ __forceinline__ int walk_ring_backwards(int chunks, int slots, Read&& read, Started&& started, Use&& use) {
-  const int last_slot = chunks > 0 ? (chunks - 1) % slots : 0;
+  int last_slot = chunks > 0 ? chunks - 1 : 0;  // (chunks - 1) % slots: a short loop once per range, no division
+  while (last_slot >= slots) last_slot -= slots;
   int reads = 0;
   for (int i = 0, slot = last_slot; i < slots; ++i, slot = prev_slot(slot, slots)) {
     reads += read(chunks - 1 - i, slot);
@@ -936,13 +974,13 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
 static __device__ void bwd_combine_task(const GnArgs& a, int64_t task) {
   const int gw = groups_per_window(a);
   const int tiles = static_cast<int>(a.tiles_per_task);
-  const int lanes = combine_lanes(gw);
-  const int j = threadIdx.x % lanes;
-  const int lo = j * tiles / lanes, hi = (j + 1) * tiles / lanes;
+  const int log2_lanes = combine_lanes_log2(gw), lanes = 1 << log2_lanes;
+  const int j = threadIdx.x & (lanes - 1);
+  const int lo = (j * tiles) >> log2_lanes, hi = ((j + 1) * tiles) >> log2_lanes;
   const float2* parts = bwd_group_partials(a, task);
   float2* out = group_sums(a) + task_group0(a, task);
-  for (int base = 0; base < gw; base += kThreads / lanes) {
-    const int gl = base + threadIdx.x / lanes;
+  for (int base = 0; base < gw; base += kThreads >> log2_lanes) {
+    const int gl = base + (threadIdx.x >> log2_lanes);
     float2 acc = gl < gw ? sum_partials(parts + gl, lo, hi, gw) : make_float2(0.f, 0.f);
     for (int o = lanes / 2; o > 0; o >>= 1) {
       acc.x += __shfl_xor_sync(kFull, acc.x, o);

@@ -2,16 +2,23 @@
 # Nsight Compute on the task forward kernels (GN_ARCH=tasks), the shapes of scripts/profile_tasks.py:
 # one report, its per-kernel details as CSV, and the SASS lines with the most warp stalls per kernel.
 #   bash scripts/ncu_tasks.sh OUTDIR [--light]     (--light: no per-instruction source counters)
+# NCU_DIRECTION=bwd: the task backward's kernels instead (GN_ARCH=tasks+bwd, profile_tasks.py --once-bwd:
+# two backwards per shape, each launch profiled). GN_PROFILE_SHAPES picks the shapes.
 set -uo pipefail
 out=${1:?usage: ncu_tasks.sh OUTDIR [--light]}
 light=${2:-}
 mkdir -p "$out"
-export GN_ARCH=tasks PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
+if [ "${NCU_DIRECTION:-fwd}" = bwd ]; then
+  export GN_ARCH=tasks+bwd; kernels=regex:bwd_task; run=--once-bwd
+else
+  export GN_ARCH=tasks; kernels=regex:fwd_task; run=--once
+fi
 sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats
   --section WarpStateStats --section SchedulerStats --section InstructionStats)
 [ "$light" = "--light" ] || sections+=(--section SourceCounters)
-ncu --clock-control none "${sections[@]}" --import-source yes -k regex:fwd_task -f -o "$out/tasks" \
-  python3 scripts/profile_tasks.py --once >"$out/ncu_run.log" 2>&1
+ncu --clock-control none "${sections[@]}" --import-source yes -k "$kernels" -f -o "$out/tasks" \
+  python3 scripts/profile_tasks.py "$run" >"$out/ncu_run.log" 2>&1
 ncu -i "$out/tasks.ncu-rep" --page details --csv >"$out/details.csv" 2>&1
 [ "$light" = "--light" ] || ncu -i "$out/tasks.ncu-rep" --page source --csv --print-source sass >"$out/source_sass.csv" 2>&1
 python3 - "$out" <<'PY'

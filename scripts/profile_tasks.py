@@ -4,6 +4,7 @@ python scripts/profile_tasks.py [--once]     # --once: one call per shape (under
 python scripts/profile_tasks.py --trace      # the one-pass forward's phases per block
 python scripts/profile_tasks.py --trace-bwd  # the task backward's phases per block and its launches' times
 python scripts/profile_tasks.py --launches-fwd  # the two-launch forward's stats and apply launches' times
+python scripts/profile_tasks.py --once-bwd   # one backward per shape (its plan's launches, under ncu)
 
 GN_PROFILE_SHAPES="1x128x1024x2048:G16,32x128x240x256" replaces the fixed shapes (scripts/time_shapes.py's
 format: NxCxHxW[:G<groups>][:silu]), e.g. to time the stats launch on ranges that are not powers of two.
@@ -199,7 +200,26 @@ def launches_forward() -> int:
     return 0
 
 
+def backward_once() -> int:
+    """One forward and one backward per shape (the plan `auto` picks), with a warm-up pair before: what
+    ncu_tasks.sh profiles under NCU_DIRECTION=bwd (its kernel filter leaves the warm-up's launches out
+    with --launch-skip)."""
+    for shape, groups, act in SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        x.requires_grad_(True)
+        w = torch.randn(shape[1], device="cuda", dtype=torch.float16, requires_grad=True)
+        b = torch.randn(shape[1], device="cuda", dtype=torch.float16, requires_grad=True)
+        dy = torch.randn_like(x)
+        for _ in range(2):
+            gn_module.group_norm(x, groups, w, b, 1e-5, act).backward(dy)
+            torch.cuda.synchronize()
+        print(f"{'x'.join(map(str, shape))}: backward twice")
+    return 0
+
+
 def main() -> int:
+    if "--once-bwd" in sys.argv:
+        return backward_once()
     if "--launches-fwd" in sys.argv:
         return launches_forward()
     if "--trace-bwd" in sys.argv:

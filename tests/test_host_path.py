@@ -901,6 +901,15 @@ def test_autocast_one_sample_one_channel_per_group_is_wide(train_stub, monkeypat
     assert y.dtype == torch.float32 and (f["dtype"], f["wide_dtype"]) == (_abi.DTYPE_CODES["float16"], 0)
 
 
+def test_task_launches_carry_their_divisors() -> None:
+    t = schedule.task_tiling(1280, 32, 256, 2, "fwd", batch=2)
+    p = schedule.make_task_plan(t, 1, 6, 264)
+    a = ops._args(p, torch.float16, 1e-5, "silu", torch.float16, -1)
+    for name in _abi.FAST_DIVISORS:
+        d = getattr(a, name)
+        assert d >= 1 and (getattr(a, f"{name}_mul"), getattr(a, f"{name}_shift")) == schedule.fast_divisor(d)
+
+
 def test_gnargs_fields_follow_the_c_header_in_order() -> None:
     """_abi.GnArgs mirrors csrc/gn_api.h field by field: the same names in the same order (the library's
     gn_abi_size only checks the total size, which two swapped fields of one type keep)."""

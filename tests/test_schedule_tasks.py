@@ -3,6 +3,7 @@ founding rule that every tile of every task is reduced and applied exactly once 
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 
@@ -313,3 +314,33 @@ def test_wide_backward_tiles_keep_the_full_chunk_height(channels, groups, rows) 
         assert wide.tiles_per_task == plain.tiles_per_task
     assert wide.rows_per_tile % wide.chunk_rows == 0 or wide.tiles_per_task == 1
     assert wide.tiles_per_task <= schedule.MAX_TILES_PER_TASK
+
+
+def test_fast_divisor_divides_every_kernel_operand() -> None:
+    """csrc fast_div: (umulhi(n, mul) + n) >> shift == n // d for 0 <= n < 2**31, the sum in 32 bits."""
+
+    def fast(n: int, mul: int, shift: int) -> int:
+        total = ((n * mul) >> 32) + n
+        assert total < 2**32
+        return total >> shift
+
+    rng = random.Random(0)
+    divisors = [*range(1, 2050), 2**16 - 1, 2**16, 2**20 + 7, 2**30, 2**31 - 1]
+    divisors += [rng.randrange(1, 2**31) for _ in range(300)]
+    top = 2**31 - 1
+    for d in divisors:
+        mul, shift = schedule.fast_divisor(d)
+        assert 0 < mul < 2**32 and 0 <= shift <= 31
+        ns = {0, 1, d - 1, d, d + 1, top, top - 1, top - top % d, top - top % d - 1}
+        ns |= {k * d + r for k in (1, 2, 3, 1000, top // d - 1) for r in (-1, 0, 1)}
+        ns |= {rng.randrange(0, 2**31) for _ in range(50)}
+        for n in ns:
+            if 0 <= n <= top:
+                assert fast(n, mul, shift) == n // d, (d, n)
+    for n in range(0, 70000):  # every operand the prologue meets for small divisors
+        for d in (3, 5, 6, 7, 10, 20, 22, 40, 66, 160):
+            mul, shift = schedule.fast_divisor(d)
+            assert fast(n, mul, shift) == n // d
+    for bad in (0, -1, 2**31):
+        with pytest.raises(ValueError, match="divisor"):
+            schedule.fast_divisor(bad)

@@ -29,6 +29,10 @@ KERNEL_KINDS = {
 _p = ctypes.c_void_p
 _i64 = ctypes.c_int64
 _i32 = ctypes.c_int32
+_u32 = ctypes.c_uint32
+#: The task geometry's divisors that GnArgs also carries as (mul, shift) pairs, by field name
+#: (schedule.fast_divisor; csrc fast_div).
+FAST_DIVISORS = ("team_size", "windows_per_sample", "cols_threads", "chunk_rows", "channels_per_group")
 
 
 class GnArgs(ctypes.Structure):
@@ -86,6 +90,9 @@ class GnArgs(ctypes.Structure):
         ("grad_dtype", _i32),
         ("wide_dtype", _i32),  # y's (forward) / dy's (backward) dtype code: dtype, or float32 (wide)
         ("dependent_launch", _i32),  # 1: the apply launch is a programmatic dependent launch (sm_90)
+        ("cluster_teams", _i32),  # 1: the one-launch forward's teams run as thread-block clusters (sm_90)
+        # n / d as (umulhi(n, mul) + n) >> shift for the task geometry's divisors (schedule.fast_divisor)
+        *((f"{name}_{part}", _u32) for name in FAST_DIVISORS for part in ("mul", "shift")),
     ]
 
 

@@ -167,38 +167,75 @@ def current_variant() -> str | None:
     return _variants[-1] if _variants else None
 
 
+class _LaunchSwitch:
+    """An on/off launch option: an environment variable ("0" / "1") with a default, overridden by the
+    innermost `scoped` block (thread-safe). Read once per new launch signature (part of its cache key)."""
+
+    def __init__(self, env: str, default: bool) -> None:
+        self.env, self.default = env, default
+        self._stack: list[bool] = []
+        self._raw = _ENV.encodekey(env) if _ENV_DATA is not None else ""
+
+    @contextlib.contextmanager
+    def scoped(self, enabled: bool = True) -> Iterator[None]:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+        with _settings_lock:
+            self._stack.append(enabled)
+        try:
+            yield
+        finally:
+            with _settings_lock:
+                self._stack.pop()
+
+    def enabled(self) -> bool:
+        if self._stack:
+            return self._stack[-1]
+        env = os.environ
+        raw = _ENV_DATA.get(self._raw) if env is _ENV and _ENV_DATA is not None else env.get(self.env)
+        if raw in ("0", b"0"):
+            return False
+        return True if raw in ("1", b"1") else self.default
+
+
 #: On by default (session 16: the GPU suite, 1166 passed, and the plugin's task cases, 217, under it; 1-12 %
 #: faster, RESULTS.md): the two-launch task schedules start their apply launch as a programmatic dependent
 #: launch where the build runs sm_90 code, so it is scheduled while the stats launch drains and waits on the
 #: device for its writes (csrc gn_tasks.cuh, gn_dispatch.cuh). GN_DEPENDENT_LAUNCH=0 turns it off.
 ENV_DEPENDENT = "GN_DEPENDENT_LAUNCH"
-_dependent: list[bool] = []
-_RAW_DEPENDENT = _ENV.encodekey(ENV_DEPENDENT) if _ENV_DATA is not None else ""
+_DEPENDENT = _LaunchSwitch(ENV_DEPENDENT, default=True)
+#: On by default (session 17: the GPU suite, 1219 passed, and the plugin's task cases under it; the small
+#: one-launch forwards 13.0-13.4 -> 10.6-11.0 us, RESULTS.md): the one-launch forward's teams of at most
+#: schedule.CLUSTER_MAX_TEAM blocks run as thread-block clusters where the build runs sm_90 code, and meet
+#: at the cluster's hardware barrier instead of an arrival counter and a flag in global memory
+#: (csrc fwd_task_cluster). Same plan, same bits. GN_CLUSTER_TEAMS=0 turns it off.
+ENV_CLUSTER = "GN_CLUSTER_TEAMS"
+_CLUSTER = _LaunchSwitch(ENV_CLUSTER, default=True)
 
 
-@contextlib.contextmanager
-def dependent_launches(enabled: bool = True) -> Iterator[None]:
+def dependent_launches(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
     """Inside the block, the two-launch task schedules use (or, with False, do not use) programmatic
     dependent launches on sm_90+ builds, whatever GN_DEPENDENT_LAUNCH says. Same bits either way."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
-    with _settings_lock:
-        _dependent.append(enabled)
-    try:
-        yield
-    finally:
-        with _settings_lock:
-            _dependent.pop()
+    return _DEPENDENT.scoped(enabled)
 
 
 def dependent_launches_enabled() -> bool:
     """Whether dependent launches are asked for: the innermost `dependent_launches` block, else on
     unless GN_DEPENDENT_LAUNCH=0."""
-    if _dependent:
-        return _dependent[-1]
-    env = os.environ
-    raw = _ENV_DATA.get(_RAW_DEPENDENT) if env is _ENV and _ENV_DATA is not None else env.get(ENV_DEPENDENT)
-    return raw not in ("0", b"0")
+    return _DEPENDENT.enabled()
+
+
+def cluster_teams(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, the one-launch forward runs its small teams as thread-block clusters (sm_90+
+    builds; schedule.cluster_teams_fit says which plans), or with False never, whatever GN_CLUSTER_TEAMS
+    says. Same bits either way."""
+    return _CLUSTER.scoped(enabled)
+
+
+def cluster_teams_enabled() -> bool:
+    """Whether cluster teams are asked for: the innermost `cluster_teams` block, else on unless
+    GN_CLUSTER_TEAMS=0."""
+    return _CLUSTER.enabled()
 
 
 def current_arch() -> str:
@@ -556,6 +593,10 @@ def _args(
         a.windows_per_sample, a.chunks_per_tile = t.channels // t.window, t.chunks_per_tile
         a.rows_per_tile, a.tiles_per_slice, a.col_chunks = t.rows_per_tile, t.tiles_per_task, 1
         a.grad_dtype = a.w_dtype if _typed_param_grads(p) else 0
+        for name in _abi.FAST_DIVISORS:
+            mul, shift = schedule.fast_divisor(getattr(a, name))
+            setattr(a, f"{name}_mul", mul)
+            setattr(a, f"{name}_shift", shift)
         _workspace_offsets(a, p.workspace_floats)
         return a
     a.arch = 1
@@ -681,6 +722,7 @@ def _launch(
         arch,
         wide,
         dependent_launches_enabled(),
+        cluster_teams_enabled(),
     )
     launch = _launches.get(key)
     if launch is None:
@@ -710,6 +752,7 @@ def _new_launch(key: tuple) -> _Launch | object:
         _,
         wide,
         dependent,
+        clusters,
     ) = key
     try:
         p = plan(
@@ -730,11 +773,15 @@ def _new_launch(key: tuple) -> _Launch | object:
         raise RuntimeError(f"gn_module: {p.tiles} tiles exceed the launch limit of 2**31 - 1 blocks")
     a = _args(p, dtype, eps, _ACTS[act], param_dtype, index, wide)
     lib = library(index, variant)
-    if dependent and isinstance(p, schedule.TaskPlan) and p.schedule == 2:
-        # griddepcontrol is sm_90 code: a compute_80 PTX build run on an H200 must not skip the wait
+    dependent = dependent and isinstance(p, schedule.TaskPlan) and p.schedule == 2
+    clusters = clusters and isinstance(p, schedule.TaskPlan) and schedule.cluster_teams_fit(p)
+    if dependent or clusters:
+        # griddepcontrol and clusters are sm_90 code: a compute_80 PTX build run on an H200 must not
+        # skip the wait, and has no cluster kernel
         arch_value = ctypes.c_int(0)
         _check(lib, lib.gn_runtime_arch(index, ctypes.byref(arch_value)), "reading __CUDA_ARCH__")
-        a.dependent_launch = int(arch_value.value >= 900)
+        a.dependent_launch = int(dependent and arch_value.value >= 900)
+        a.cluster_teams = int(clusters and arch_value.value >= 900)
     launch = _Launch(p, bytes(a), lib, direction)
     if len(_launches) >= _MAX_LAUNCHES:
         _launches.clear()

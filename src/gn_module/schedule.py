@@ -402,6 +402,9 @@ ROUND_OVERHEAD_CHUNKS = 1
 TWO_PASS_NO_OVERFLOW = 1 << 30
 #: Synchronisation words per task (csrc kSyncWordsPerTask): arrivals, flag, column count.
 SYNC_WORDS_PER_TASK = 3
+#: Most blocks of a team that runs as one thread-block cluster (the portable cluster size; csrc
+#: fwd_task_cluster, sm_90 builds, ops.cluster_teams).
+CLUSTER_MAX_TEAM = 8
 #: Low bits of an arrival counter that count one launch's arrivals (csrc kGenerationBits): the high bits
 #: number the launches, and a task launch has fewer blocks than 2**GENERATION_BITS (`make_task_plan`).
 GENERATION_BITS = 16
@@ -414,6 +417,19 @@ def max_tiles_per_task(channels: int, window: int, batch: int = 1, direction: st
     windows = channels // window
     per_sample = max(MIN_TILES_PER_TASK, MAX_TILES_PER_SAMPLE // windows)
     return max(1, min(per_sample, MAX_TILES_PER_LAUNCH[direction] // (batch * windows)))
+
+
+def fast_divisor(d: int) -> tuple[int, int]:
+    """(mul, shift) with ``n // d == (umulhi(n, mul) + n) >> shift`` for every 0 <= n < 2**31, where
+    umulhi is the high 32 bits of the 64-bit product (csrc fast_div). The kernels divide by the task
+    geometry's run-time constants this way: a division is a chain of some 25 dependent instructions, and
+    a one-launch block had ten ahead of its first copy. Granlund and Montgomery's 33-bit multiplier
+    2**32 + mul = floor(2**(32 + shift) / d) + 1 with shift = ceil(log2 d); n < 2**31 keeps the sum in
+    32 bits."""
+    if not 1 <= d < 2**31:
+        raise ValueError(f"divisor must be in [1, 2**31), got {d}")
+    shift = (d - 1).bit_length()
+    return ((1 << 32) * ((1 << shift) - d)) // d + 1, shift
 
 
 def task_window(channels: int, groups: int, itemsize: int) -> int:
@@ -762,6 +778,21 @@ def make_task_plan(
         grid=grid,
         teams=teams,
         workspace_floats=workspace,
+    )
+
+
+def cluster_teams_fit(p: TaskPlan) -> bool:
+    """Whether the one-launch forward of plan `p` may run its teams as thread-block clusters: one round
+    (one task per team, so the grid is tasks x team size, one cluster each) of teams of at most
+    CLUSTER_MAX_TEAM blocks. The plan, and so the tiles, partials and bits, are the same either way."""
+    teams = p.teams
+    return (
+        p.direction == "fwd"
+        and p.schedule == 1
+        and teams is not None
+        and teams.rounds == 1
+        and teams.teams == p.tiling.tasks
+        and 1 < teams.team_size <= CLUSTER_MAX_TEAM
     )
 
 
