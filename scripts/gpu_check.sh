@@ -60,7 +60,20 @@ if [ -d benchmarks ] && [ -z "${GN_SKIP_BENCH:-}" ]; then
     step "regression gate (ours only, ${GN_GATE_THRESHOLD:-10} %)"
     python3 -m gn_module.bench gate --baseline "$baseline" --run "$out/bench.json" \
       --threshold "${GN_GATE_THRESHOLD:-10}" 2>&1 | tee "$out/gate.txt" | tee -a "$out/summary.txt"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    gate_rc=${PIPESTATUS[0]}
+    # the flagged rows (their pytest ids end the gate's report) timed once more: one burst of slow rounds
+    # (sessions 16 and 17 each had one, medians x2 and x20 with the minimum unchanged) is not a regression
+    mapfile -t flagged < <(grep -E "^  benchmarks/.*::" "$out/gate.txt" | sed 's/^ *//')
+    if [ "$gate_rc" -eq 1 ] && [ "${#flagged[@]}" -gt 0 ]; then
+      step "recheck of the ${#flagged[@]} flagged benchmarks"
+      GN_BENCH_REPS=${GN_BENCH_REPS:-30} GN_BENCH_MAX_SECONDS=${GN_BENCH_MAX_SECONDS:-0.15} \
+        python3 -m pytest "${flagged[@]}" -q -p no:cacheprovider --benchmark-json="$out/recheck.json" \
+        --benchmark-columns=median,iqr,min,max,rounds >"$out/recheck.log" 2>&1
+      python3 -m gn_module.bench gate --baseline "$baseline" --run "$out/bench.json" --recheck "$out/recheck.json" \
+        --threshold "${GN_GATE_THRESHOLD:-10}" 2>&1 | tee "$out/gate.txt" | tee -a "$out/summary.txt"
+      gate_rc=${PIPESTATUS[0]}
+    fi
+    [ "$gate_rc" -eq 0 ] || status=1
   fi
 fi
 step "exit status $status"

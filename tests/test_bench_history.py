@@ -268,6 +268,95 @@ def test_gate_cli_exit_status_and_default_baseline(tmp_path: Path) -> None:
     assert empty.returncode == 2 and "does not exist" in empty.stderr
 
 
+def test_a_recheck_clears_a_burst_and_keeps_a_real_regression(tmp_path: Path) -> None:
+    key = ("1x8x4x4-G2", "fp16", "bwd", "ours-auto")
+    base, run, calm, still = write_runs(
+        tmp_path,
+        saved_json(BASE, "aaa", "2026-11-30T07:00:00"),
+        saved_json({**BASE, key: 1000.0}, "bbb", "2026-11-30T08:00:00"),
+        saved_json({key: 510.0}, "bbb", "2026-11-30T08:10:00"),  # the flagged row alone, timed again
+        saved_json({key: 990.0}, "bbb", "2026-11-30T08:20:00"),
+    )
+    b, r = history.load_run(base), history.load_run(run)
+    cleared = history.gate(b, r, recheck=history.load_run(calm))
+    assert cleared.ok and [(a.key, round(a.current_us), round(c.current_us)) for a, c in cleared.cleared] == [
+        (key, 1000, 510)
+    ]
+    assert "within it when timed again" in history.render_gate(cleared, b, r)
+    kept = history.gate(b, r, recheck=history.load_run(still))
+    assert not kept.ok and [c.key for c in kept.regressions] == [key] and not kept.cleared
+    # a recheck that lacks the row clears nothing
+    (empty,) = write_runs(tmp_path / "empty", saved_json({}, "bbb", "2026-11-30T08:30:00"))
+    assert [c.key for c in history.gate(b, r, recheck=history.load_run(empty)).regressions] == [key]
+    proc = run_cli("gate", "--baseline", str(base), "--run", str(run), "--recheck", str(calm))
+    assert proc.returncode == 0 and "again 510.0 us" in proc.stdout, proc.stdout + proc.stderr
+
+
+STAND_IN_PYTHON = """#!/usr/bin/env bash
+# python3 for scripts/gpu_check.sh without a GPU: the gate is the real one; pytest writes the saved runs
+echo "$*" >> "$GN_FAKE_LOG"
+case "$1 $2" in
+  "-m gn_module.bench") exec "$GN_REAL_PYTHON" "$@" ;;
+  "-m pytest")
+    json=$(printf '%s\n' "$@" | sed -n 's/^--benchmark-json=//p')
+    case $json in
+      *recheck.json) cp "$GN_FAKE_RECHECK" "$json" ;;
+      *) cp "$GN_FAKE_RUN" "$json" ;;
+    esac
+    echo "1 passed" ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.parametrize("again_us", [510.0, 990.0], ids=["burst", "regression"])
+def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float) -> None:
+    key = ("1x8x4x4-G2", "fp16", "bwd", "ours-auto")
+    (tmp_path / "benchmarks").mkdir()
+    storage = tmp_path / ".benchmarks"
+    write_runs(storage, saved_json(BASE, "aaa", "2026-11-30T07:00:00"))
+    fakes = tmp_path / "fakes"
+    run, recheck = write_runs(
+        fakes,
+        saved_json({**BASE, key: 1000.0}, "bbb", "2026-11-30T08:00:00"),
+        saved_json({key: again_us}, "bbb", "2026-11-30T08:10:00"),
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python3", STAND_IN_PYTHON), ("nvidia-smi", "#!/bin/sh\necho 'NVIDIA H200'\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(ROOT / "src"),
+        GN_REAL_PYTHON=sys.executable,
+        GN_FAKE_LOG=str(log),
+        GN_FAKE_RUN=str(run),
+        GN_FAKE_RECHECK=str(recheck),
+        GN_SKIP_TESTS="1",
+        GN_BENCH_SELECT="",
+    )
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    pytest_calls = [line for line in log.read_text().splitlines() if line.startswith("-m pytest")]
+    assert len(pytest_calls) == 2 and "test_groupnorm[1x8x4x4-G2-fp16-bwd-ours-auto]" in pytest_calls[1]
+    summary = (tmp_path / "logs" / "summary.txt").read_text()
+    assert "recheck of the 1 flagged benchmarks" in summary
+    if again_us < 550:
+        assert proc.returncode == 0, summary
+        assert "again 510.0 us" in summary and "exit status 0" in summary
+    else:
+        assert proc.returncode == 1 and "REGRESSION: 1 of our medians" in summary, summary
+
+
 def test_history_table_and_plot(tmp_path: Path) -> None:
     faster = {k: v / 2 if k[3] == "ours-auto" else v for k, v in BASE.items()}
     write_runs(

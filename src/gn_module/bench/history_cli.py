@@ -6,7 +6,8 @@ SOL across runs (commit, date), with the speedup over the best torch.compile of 
 
 gate: one run (a --benchmark-json file, or the newest saved run) against a baseline (default: the newest
 other saved run in --storage). Exit 1 when one of OUR medians is more than --threshold percent slower;
-eager, torch.compile and foreign implementations are reported but never fail the gate.
+eager, torch.compile and foreign implementations are reported but never fail the gate. --recheck: the
+flagged benchmarks timed again; one within the threshold there is reported as cleared, not failing.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     else:
         p.add_argument("--run", metavar="JSON", help="the run to judge (default: the newest saved run)")
         p.add_argument("--baseline", metavar="JSON", help="the baseline (default: newest other saved run)")
+        p.add_argument("--recheck", metavar="JSON", help="the flagged benchmarks timed again (optional)")
         p.add_argument(
             "--threshold",
             type=float,
@@ -71,7 +73,8 @@ def main(command: str, argv: Sequence[str]) -> int:
             if args.baseline
             else history.newest_run(args.storage, exclude=[current.path])
         )
-        result = history.gate(baseline, current, args.threshold / 100)
+        recheck = history.load_run(args.recheck) if args.recheck else None
+        result = history.gate(baseline, current, args.threshold / 100, recheck=recheck)
     except ValueError as exc:
         parser.error(str(exc))
     print(history.render_gate(result, baseline, current))
