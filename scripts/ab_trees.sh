@@ -7,7 +7,7 @@
 # the one-launch kernel's phases for the shapes that take it. TREE%PLANTING (after
 # any @ARCH) runs that tree's kernels with a planting of its scripts/plant_bug.py (GN_CSRC_DIR), e.g.
 # the timing experiment timing-bwd-no-param-sums. TREE+VAR=VALUE (last, repeatable) runs that tree with
-# the variable set, e.g. exp=.clean_exp+GN_CLUSTER_TEAMS=1 (an opt-in launch option).
+# the variable set, e.g. off=.clean+GN_CLUSTER_TEAMS=0 (a launch option turned off).
 # Each tree builds its own library (the build cache is keyed by the sources), and runs from its own
 # src/ (PYTHONPATH), so the trees may differ in csrc/ and in Python.
 set -uo pipefail

@@ -1,5 +1,5 @@
-"""GPU tests of the opt-in cluster teams (ops.cluster_teams): the one-launch forward's teams of at most
-schedule.CLUSTER_MAX_TEAM blocks run as thread-block clusters that meet at the cluster barrier
+"""GPU tests of the cluster teams (ops.cluster_teams, on by default): the one-launch forward's teams of
+at most schedule.CLUSTER_MAX_TEAM blocks run as thread-block clusters that meet at the cluster barrier
 (csrc fwd_task_cluster) instead of an arrival counter and a flag. Against the fp64 reference with
 poisoned outputs, bitwise equal to the cooperative teams (same plan, same partials, same combine), the
 cluster kernel seen in the profiler where the build runs sm_90 code, and every tile in the launch record.
