@@ -11,6 +11,8 @@ median (CUDA events, L2 flushed). The backward runs with GN_ARCH=tasks+bwd.
 Why: on the H200 the small shapes' time is a latency chain (2x320x64x64 forward: 2.0 us prologue,
 5.7 us stats, 8.9 us waiting for a 132-member team's combine, 3.3 us apply; RESULTS.md), and the
 model behind `choose_teams` counts the busiest block's chunks but nothing that grows with the team.
+Since session 17 a forward cap that leaves one round of teams of 2-8 runs them as clusters (the plan's
+"cluster"), the measurement that says whether `choose_teams` should prefer such teams.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import torch
 
 import gn_module
-from gn_module import ops
+from gn_module import ops, schedule
 from gn_module.bench.timing import EventTimer, time_cuda
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -54,9 +56,11 @@ def plan_text(p) -> str:
     head = f"tasks={p.tiling.tasks} tiles/task={p.tiling.tiles_per_task} slots={p.slots}"
     if t is None:
         return f"{head} grid={p.grid} sched={p.schedule}"
+    # the forward's one-launch teams of 2-8 run as thread-block clusters (sm_90 builds, on by default)
+    cluster = " cluster" if ops.cluster_teams_enabled() and schedule.cluster_teams_fit(p) else ""
     return (
         f"{head} m={t.team_size} teams={t.teams} rounds={t.rounds} chunks={t.chunks_per_member}"
-        f" over={t.overflow_chunks} grid={p.grid} sched={p.schedule}"
+        f" over={t.overflow_chunks} grid={p.grid} sched={p.schedule}{cluster}"
     )
 
 
