@@ -62,3 +62,31 @@ def test_concurrent_processes_compile_each_source_once(tmp_path: Path, processes
     assert sorted(compiled) == sorted(str(root / n) for n in ("a.cu", "b.cu")), compiled
     assert all(o[0] == "2" for o in outs)  # every process got both kernels
     assert sum(o[1] == "True" for o in outs) == processes - 1  # the others read the compiler's entry
+
+
+def test_only_compiles_the_named_sources_and_caches_them_apart(tmp_path: Path, monkeypatch) -> None:
+    from gn_module import resources
+
+    root = tmp_path / "csrc"
+    root.mkdir()
+    for name in ("a.cu", "b.cu", "c.cu"):
+        (root / name).write_text("// fake source\n")
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(FAKE_NVCC.format(python=sys.executable).replace("time.sleep(0.5)", "pass"))
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "compiled.log"
+    monkeypatch.setenv("GN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
+
+    def compiled() -> list[str]:
+        names = sorted(Path(p).name for p in log.read_text().split()) if log.exists() else []
+        log.unlink(missing_ok=True)
+        return names
+
+    picked = resources.compile_arch("sm_80", root, nvcc=str(nvcc), only=("b.cu",))
+    assert compiled() == ["b.cu"] and len(picked.kernels) == 1 and not picked.cached
+    assert resources.compile_arch("sm_80", root, nvcc=str(nvcc), only=("b.cu",)).cached and compiled() == []
+    whole = resources.compile_arch("sm_80", root, nvcc=str(nvcc))  # its own entry: every source
+    assert compiled() == ["a.cu", "b.cu", "c.cu"] and len(whole.kernels) == 3 and not whole.cached
+    with pytest.raises(FileNotFoundError, match=r"d\.cu"):
+        resources.compile_arch("sm_80", root, nvcc=str(nvcc), only=("b.cu", "d.cu"))

@@ -271,17 +271,28 @@ def compile_arch(
     extra_flags: Sequence[str] = (),
     use_cache: bool = True,
     workers: int | None = None,
+    only: Sequence[str] | None = None,
 ) -> ArchReport:
-    """Compile every ``*.cu`` under `root` for `arch` (``sm_80`` or ``80``); cached on disk."""
+    """Compile every ``*.cu`` under `root` for `arch` (``sm_80`` or ``80``), or only the sources named in
+    `only` (file names, e.g. a check that needs one kernel family: nvcc time is most of a CPU CI run);
+    cached on disk."""
     arch = arch if arch.startswith("sm_") else f"sm_{arch}"
     nvcc = nvcc or find_nvcc()
     root = Path(root) if root is not None else csrc_dir()
     srcs = sources(root)
+    if only is not None:
+        missing = sorted(set(only) - {s.name for s in srcs})
+        if missing:
+            raise FileNotFoundError(f"no source {', '.join(missing)} under {root}")
+        srcs = [s for s in srcs if s.name in only]
     if not srcs:
         raise FileNotFoundError(f"no *.cu sources under {root}")
     version = nvcc_version(nvcc)
     digest = sources_hash(root)
-    key = hashlib.sha256(json.dumps([arch, digest, version, list(NVCC_FLAGS), list(extra_flags)]).encode())
+    parts: list = [arch, digest, version, list(NVCC_FLAGS), list(extra_flags)]
+    if only is not None:
+        parts.append(sorted(s.name for s in srcs))
+    key = hashlib.sha256(json.dumps(parts).encode())
     cache = _cache_dir() / f"{arch}-{key.hexdigest()[:20]}.json"
     if not use_cache:
         return _compile_report(nvcc, srcs, arch, version, digest, extra_flags, workers)
