@@ -201,9 +201,8 @@ def launches_forward() -> int:
 
 
 def backward_once() -> int:
-    """One forward and one backward per shape (the plan `auto` picks), with a warm-up pair before: what
-    ncu_tasks.sh profiles under NCU_DIRECTION=bwd (its kernel filter leaves the warm-up's launches out
-    with --launch-skip)."""
+    """A forward and a backward per shape, twice (the plan `auto` picks; the first pair also builds): what
+    ncu_tasks.sh profiles under NCU_DIRECTION=bwd, each backward launch of both pairs."""
     for shape, groups, act in SHAPES:
         x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
         x.requires_grad_(True)
