@@ -164,6 +164,14 @@ PLANTINGS = {
         "dx, dweight and dbias are wrong wherever z is not far from 0 (tests/gpu/test_acts.py)",
         "bwd and gelu and not gelu_tanh", False,
     ),
+    "cluster-barrier-skip": Planting(
+        "gn_forward.cu", "  cluster_barrier();\n  trace_point(a, 2);",
+        "  // PLANTED: the members never meet at the cluster barrier\n  trace_point(a, 2);",
+        "cluster teams (the one-launch forward's teams of 2-8 as thread-block clusters, sm_90 builds): each "
+        "member computes its task's statistics without waiting for the other members' tile partials, so "
+        "it sums whatever the workspace held (poison, or an earlier launch's partials)",
+        "cluster", False,
+    ),
     # A timing experiment, not a bug to catch: the A/B of session 8 (RESULTS.md) asks whether the dx
     # phase of bwd_task_apply got 7 % slower on the large shapes because the kernel also sums dweight and
     # dbias (`bash scripts/ab_trees.sh OUT head=TREE nosums=TREE%timing-bwd-no-param-sums`).
