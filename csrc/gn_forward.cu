@@ -99,8 +99,10 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
           a.mean[ng0 + gl] = mean;
           a.rstd[ng0 + gl] = rstd;
         });
+        if (round == 0) trace_point(a, 13);  // (the last member of round 0: combined, then 14 published)
         __syncthreads();
         if (threadIdx.x == 0) store_release(flags(a, task), flag);  // after the barrier: covers all threads' writes
+        if (round == 0) trace_point(a, 14);
         load_task_params(a, task, sm.param);  // (needed only by the apply: off the stats' critical path)
       } else {
         load_task_params(a, task, sm.param);  // while the last member combines

@@ -64,6 +64,12 @@ def print_trace(label: str, trace: torch.Tensor, ghz: float, rounds: int) -> Non
                 d = (cur[ok] - prev[ok]).double() / (ghz * 1e3)
                 print(f"    {name:15} {d.median().item():8.2f} / {d.max().item():8.2f}")
             prev = cur
+    last = (t[:, 13] >= 0) & (t[:, 1] >= 0)  # round 0's last member: 13 combined, 14 published
+    if last.any():
+        combine = (t[last, 13] - t[last, 1]).double() / (ghz * 1e3)
+        publish = (t[last, 14] - t[last, 13]).double() / (ghz * 1e3)
+        c, pub = combine.max().item(), publish.max().item()
+        print(f"  round 0's last member: arrive + combine {c:.2f}, publish {pub:.2f}")
     end = t[:, 15]
     total = (end - t[:, 0]).double() / (ghz * 1e3)
     print(f"  whole block   {total.median().item():8.2f} / {total.max().item():8.2f}")
