@@ -86,12 +86,13 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
       prefetch_task_params(a, task);
       // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived,
-      // 3 + 4r statistics in shared memory, 4 + 4r applied
+      // 3 + 4r statistics in shared memory, 4 + 4r applied (round 3's would take 13-15)
+      const int point = round < 3 ? 4 * round : kTracePoints;  // (kTracePoints and above: not traced)
       // a one-round launch also traces inside its stats phase (points 5-8, free without round 1)
       const int chunks = member_stats<T, V>(a, task, t0, t1, sm, task_count(a) <= a.teams ? 5 : -1);
-      trace_point(a, 1 + 4 * round);
+      trace_point(a, 1 + point);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &flag);
-      trace_point(a, 2 + 4 * round);
+      trace_point(a, 2 + point);
       const int64_t ng0 = task_group0(a, task);
       if (last) {  // combine once, publish mean/rstd with the task's flag
         group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
@@ -113,9 +114,9 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
         load_group_stats(a, task, sm.grp);
       }
       __syncthreads();
-      trace_point(a, 3 + 4 * round);
+      trace_point(a, 3 + point);
       reread += member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
-      trace_point(a, 4 + 4 * round);
+      trace_point(a, 4 + point);
       tiles_done += t1 - t0;
     }
   }
@@ -134,6 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
 // also stores them for the backward. Nothing waits across clusters, so the launch is not cooperative.
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (below sm_90 never launched: an empty body compiles at once)
   trace_point(a, 0);  // the trace points of fwd_task_onepass's one round
   const TaskSmem<T> sm(a);
   const TeamPlace<> place(a);  // (one task per team: the team is the task)
@@ -162,6 +164,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   record(a, 2, static_cast<int>(t1 - t0));
   record(a, 3, reread);
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
+#endif
 }
 
 // Two launches over the same persistent teams as the one-pass kernel (no block waits for another,
