@@ -378,6 +378,25 @@ def statuses(rows: list[Row], judged: bool = True) -> dict[tuple[str, str, str, 
     return {(c.case, c.dtype, c.direction, c.target): c.status for c in bm.check_criteria(rows, judged)}
 
 
+def test_gpu_busy_speedup_and_host_bound_steps() -> None:
+    # baseline 12 ms of wall time: 10 ms of GPU busy is device-bound, 6 ms host-bound (HOST_BOUND_RATIO 1.5)
+    rows = []
+    for busy in (10.0, 6.0):
+        row = fake_row(12.0, 14.0, 11.0)
+        row.gn = dataclasses.replace(gn(4.0), device_ms=busy)
+        row.gn_swapped = dataclasses.replace(gn(0.0), device_ms=busy / 1.25)
+        rows.append(row)
+    device_bound, host_bound = rows
+    assert device_bound.busy_speedup == pytest.approx(1.25) and host_bound.busy_speedup == pytest.approx(1.25)
+    assert device_bound.host_bound is False and host_bound.host_bound is True
+    assert fake_row(12.0, 14.0, 11.0).busy_speedup is None and fake_row(12.0, 14.0, 11.0).host_bound is None
+    header, body = bm.table(rows)
+    column = header.index("GPU-busy speedup")
+    assert [cells[column] for cells in body] == ["1.25x", "1.25x host-bound"]
+    data = host_bound.as_dict()
+    assert data["busy_speedup"] == pytest.approx(1.25) and data["host_bound"] is True
+
+
 def test_criteria_saved_time_against_groupnorm_time() -> None:
     passing, missing, unprofiled = fake_row(12.0, 14.0, 9.0), fake_row(12.0, 14.0, 9.0), fake_row(12, 14, 9)
     passing.gn, missing.gn = gn(4.0), gn(5.0)  # saved 3 ms: 0.75 and 0.6 of t_GN
@@ -476,14 +495,14 @@ def test_report_shows_groupnorm_columns_and_criteria() -> None:
     md = bm.render_markdown_report(report)
     assert (
         "| speedup | GN ms | GN share | saved ms | saved/GN | ours GN ms | GPU busy ms baseline/swapped "
-        "| peak MiB baseline |" in md
+        "| GPU-busy speedup | peak MiB baseline |" in md
     )
-    busy = f"{row.gn.device_ms:.2f}/6.50"
+    busy = f"{row.gn.device_ms:.2f}/6.50 | 0.00x"  # (gn(): no device events)
     assert (
         "| vae | bf16 | eager | CL | 12.00 | 14.00 | 9.00 | 1.33x | 4.00 | 33% | 3.00 | 0.75 | 1.25 | "
         f"{busy} | 1000 |" in md
     )
-    assert "| 1.11x | error | - | - | - | - | - | 1000 |" in md
+    assert "| 1.11x | error | - | - | - | - | - | - | 1000 |" in md
     assert "ours GN ms: gn_module's kernels in the swapped step" in md
     assert report.as_dict()["rows"][0]["ours_gn_ms"] == 1.25
     assert "- vae bf16 eager GroupNorm profile: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED" in md

@@ -71,6 +71,8 @@ CONFIGS = (*BASELINE_LAYOUTS, SWAPPED)
 #: GroupNorm, ours included, can make the swapped step (channels_last) faster than this one.
 GN_FREE = "gn_free"
 LAYOUT_LABEL = {"channels_last": "CL", "contiguous": "NCHW"}
+#: A baseline step this many times its GPU busy time or more waits on the host (`Row.host_bound`).
+HOST_BOUND_RATIO = 1.5
 DEFAULTS = {"steps": 20, "warmup": 5, "rounds": 5, "profile_gn": 3}
 TINY_DEFAULTS = {"steps": 2, "warmup": 1, "rounds": 2, "profile_gn": 1}
 SEED = 0
@@ -190,6 +192,23 @@ class Row:
         return None if saved is None or self.gn is None or not self.gn.total_ms else saved / self.gn.total_ms
 
     @property
+    def busy_speedup(self) -> float | None:
+        """GPU busy time of the baseline step / of the swapped step: what the swap does to the device's
+        work, whatever the host adds (the wall-time speedup of a host-bound step compares host time)."""
+        if self.gn is None or self.gn_swapped is None or not self.gn_swapped.device_ms:
+            return None
+        return self.gn.device_ms / self.gn_swapped.device_ms
+
+    @property
+    def host_bound(self) -> bool | None:
+        """Whether the baseline step takes HOST_BOUND_RATIO times its GPU busy time or more (it waits on
+        the host: its wall-time speedup says little about the kernels)."""
+        base = self.baseline
+        if base is None or self.gn is None or not self.gn.device_ms:
+            return None
+        return base.median_ms >= HOST_BOUND_RATIO * self.gn.device_ms
+
+    @property
     def errors(self) -> dict[str, str]:
         return {k: m.error for k, m in self.measurements.items() if m.error}
 
@@ -205,6 +224,8 @@ class Row:
             "baseline_ms": base.median_ms if base else None,
             "swapped_ms": ours.median_ms if ours else None,
             "speedup": self.speedup,
+            "busy_speedup": self.busy_speedup,
+            "host_bound": self.host_bound,
             "gn_free_ms": (self.measurements[GN_FREE].median_ms if GN_FREE in self.measurements else None),
             "gn_free_bound": self.gn_free_bound,
             "baseline_peak_mib": base.peak_mib if base else None,
@@ -662,6 +683,7 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
         header += ["GN-free CL ms", "GN-free bound"]
     if profiled:
         header += ["GN ms", "GN share", "saved ms", "saved/GN", "ours GN ms", "GPU busy ms baseline/swapped"]
+        header += ["GPU-busy speedup"]
     header += ["peak MiB baseline", "peak MiB swapped", "swapped/fused"]
     if compiled:
         header += ["compile s baseline", "compile s swapped"]
@@ -698,6 +720,9 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
                 "-" if r.gn_removed is None else f"{r.gn_removed:.2f}",
                 _ms(r.gn_swapped.own_ms) if r.gn_swapped else "-",
                 f"{r.gn.device_ms:.2f}/{r.gn_swapped.device_ms:.2f}" if r.gn and r.gn_swapped else "-",
+                "-"
+                if r.busy_speedup is None
+                else f"{r.busy_speedup:.2f}x" + (" host-bound" * bool(r.host_bound)),
             ]
         cells += [
             _mib(base.peak_mib if base else None),
@@ -739,7 +764,9 @@ def _gn_source_line(rows: Sequence[Row]) -> str | None:
         f"GN ms: {what}, per step of the baseline, from {n} profiled step{'s' * (n != 1)}. "
         "GN share = GN ms / baseline ms; saved ms = baseline ms - swapped ms; "
         f"criterion saved/GN >= {GN_REMOVED_MIN}. ours GN ms: gn_module's kernels in the swapped step; "
-        "GPU busy: every device event of the step summed (a step much longer than that waits on the host)."
+        "GPU busy: every device event of the step summed (a step much longer than that waits on the host). "
+        "GPU-busy speedup = baseline GPU busy / swapped GPU busy; host-bound: the baseline step takes "
+        f"{HOST_BOUND_RATIO:g}x its GPU busy time or more, so its wall-time speedup compares host time."
     )
 
 
