@@ -654,8 +654,8 @@ def choose_task_schedule(t: TaskTiling, blocks: int, slots: int, backward_onepas
     (their phases do not overlap: 32x128x256x256, 1x512x256x256) or overflows (1x128x1024x2048).
     The backward takes the same rule with `backward_onepass` (GN_ARCH=tasks+bwd1, opt-in), else two launches:
     its one-pass kernel passes the GPU suite, but with dependent launches the two launches are 1-2.7 us
-    faster on the small shapes (RESULTS.md session 18: 2x1280x16x16 22.5 against 25.0 us) and equal on the
-    large ones.
+    faster on the small shapes (RESULTS.md session 18: 2x1280x16x16 22.5 against 25.0 us); only
+    1x512x128x128 is faster in one launch (39.5 against 40.7 us).
     """
     if blocks < 1 or (t.direction == "bwd" and not backward_onepass):  # its one-pass kernel is opt-in
         return 2
