@@ -90,3 +90,61 @@ def test_only_compiles_the_named_sources_and_caches_them_apart(tmp_path: Path, m
     assert compiled() == ["a.cu", "b.cu", "c.cu"] and len(whole.kernels) == 3 and not whole.cached
     with pytest.raises(FileNotFoundError, match=r"d\.cu"):
         resources.compile_arch("sm_80", root, nvcc=str(nvcc), only=("b.cu", "d.cu"))
+
+
+FAKE_NVCC_CUBIN = textwrap.dedent(
+    """\
+    #!{python}
+    import os, sys
+    if "--version" in sys.argv:
+        print("Cuda compilation tools, release 13.0, V13.0.88")
+        sys.exit(0)
+    with open(os.environ["FAKE_NVCC_LOG"], "a") as log:
+        log.write(sys.argv[-1] + "\\n")
+    open(sys.argv[sys.argv.index("-o") + 1], "w").close()  # the cubin cuobjdump reads
+    print("ptxas info    : Compiling entry function '_ZN2gn6kernelEv' for 'sm_90'")
+    print("ptxas info    : Used 100 registers, used 1 barriers")
+    """
+)
+FAKE_CUOBJDUMP = textwrap.dedent(
+    """\
+    #!/bin/sh
+    echo "	Function : _ZN2gn6kernelEv"
+    echo "	/*0010*/  LDL R1, [R1+0x4] ;"
+    echo "	/*0020*/  STL.64 [R1], R2 ;"
+    echo "	/*0030*/  LDS R3, [R4] ;"
+    """
+)
+
+
+def test_sass_local_counts_are_cached_apart_from_the_plain_report(tmp_path: Path, monkeypatch) -> None:
+    # compile_arch(sass=True) reads each kernel's LDL/STL from the cubin's SASS, under its own cache entry;
+    # the default entry (the plugin's) is unchanged and never carries counts
+    from gn_module import resources
+
+    root = tmp_path / "csrc"
+    root.mkdir()
+    (root / "a.cu").write_text("// fake source\n")
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(FAKE_NVCC_CUBIN.format(python=sys.executable))
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name, text in (("cuobjdump", FAKE_CUOBJDUMP), ("nvdisasm", "#!/bin/sh\n")):
+        (tools / name).write_text(text)
+    for exe in (nvcc, tools / "cuobjdump", tools / "nvdisasm"):
+        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "compiled.log"
+    monkeypatch.setenv("GN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    with_sass = resources.compile_arch("sm_90", root, nvcc=str(nvcc), sass=True)
+    assert [k.local_accesses for k in with_sass.kernels] == [2] and not with_sass.cached
+    again = resources.compile_arch("sm_90", root, nvcc=str(nvcc), sass=True)
+    assert again.cached and [k.local_accesses for k in again.kernels] == [2]
+    plain = resources.compile_arch("sm_90", root, nvcc=str(nvcc))
+    assert not plain.cached and [k.local_accesses for k in plain.kernels] == [-1]
+    assert len(log.read_text().split()) == 2  # once with the SASS, once without
+    # without the tools: counts stay -1, in an entry of their own (never mistaken for counted ones)
+    monkeypatch.setattr(resources, "sass_tools", lambda nvcc=None: None)
+    blind = resources.compile_arch("sm_90", root, nvcc=str(nvcc), sass=True)
+    assert not blind.cached and [k.local_accesses for k in blind.kernels] == [-1]

@@ -14,11 +14,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 # nvcc and the sources are found the way the JIT build finds them (one place); callers catch
@@ -94,6 +95,9 @@ class KernelReport:
     spill_stores: int = 0
     spill_loads: int = 0
     barriers: int = 0
+    # LDL/STL instructions in the kernel's SASS (compile_arch(sass=True) with cuobjdump and nvdisasm found);
+    # -1: not counted. Locals that never lived in registers show here, not in ptxas' spills.
+    local_accesses: int = -1
 
     @property
     def spills(self) -> bool:
@@ -247,20 +251,80 @@ def _cache_dir() -> Path:
     return Path(root) / "pytest-gn" / "resources"
 
 
-def compile_source(nvcc: str, src: Path, arch: str, extra_flags: Sequence[str] = ()) -> list[KernelReport]:
-    """Compile one source to a cubin for `arch` and return its kernels (CompileError on failure)."""
+def find_cuda_tool(name: str, nvcc: str | None = None) -> str | None:
+    """A CUDA binary tool (cuobjdump, nvdisasm) on PATH, beside nvcc, or in its nvidia-cuda-* pip wheel."""
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        beside = Path(nvcc or find_nvcc()).parent / name
+        if beside.exists():
+            return str(beside)
+    except NvccNotFound:
+        pass
+    try:
+        import nvidia  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    for root in getattr(nvidia, "__path__", []):
+        for candidate in Path(root).glob(f"cu*/bin/{name}"):
+            return str(candidate)
+    return None
+
+
+def sass_tools(nvcc: str | None = None) -> tuple[str, str] | None:
+    """(cuobjdump, nvdisasm), or None without either (``cuobjdump -sass`` runs nvdisasm)."""
+    cuobjdump, nvdisasm = find_cuda_tool("cuobjdump", nvcc), find_cuda_tool("nvdisasm", nvcc)
+    return None if cuobjdump is None or nvdisasm is None else (cuobjdump, nvdisasm)
+
+
+def local_accesses(sass: str) -> dict[str, int]:
+    """LDL/STL instructions per kernel (its mangled name) of a ``cuobjdump -sass`` listing."""
+    counts: dict[str, int] = {}
+    kernel = None
+    for line in sass.splitlines():
+        head = re.search(r"Function : (\S+)", line)
+        if head:
+            kernel = head.group(1)
+            counts.setdefault(kernel, 0)
+        elif kernel and re.search(r"\b(LDL|STL)\b", line):
+            counts[kernel] += 1
+    return counts
+
+
+def _read_sass(cubin: Path, tools: tuple[str, str]) -> str:
+    cuobjdump, nvdisasm = tools
+    env = {**os.environ, "NVDISASM_PATH": str(Path(nvdisasm).parent)}
+    cmd = [cuobjdump, "-sass", str(cubin)]
+    dump = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if dump.returncode != 0:
+        raise CompileError(f"cuobjdump -sass failed on {cubin.name}: {dump.stderr.strip()}")
+    return dump.stdout
+
+
+def compile_source(
+    nvcc: str, src: Path, arch: str, extra_flags: Sequence[str] = (), sass: tuple[str, str] | None = None
+) -> list[KernelReport]:
+    """Compile one source to a cubin for `arch` and return its kernels (CompileError on failure); with
+    `sass` (sass_tools()), each kernel's local_accesses from the cubin's SASS too."""
     with tempfile.TemporaryDirectory(prefix="gn-res-") as tmp:
+        cubin = Path(tmp) / "out.cubin"
         cmd = [
             nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, *extra_flags,
-            "-I", str(src.parent), "-o", str(Path(tmp) / "out.cubin"), str(src),
+            "-I", str(src.parent), "-o", str(cubin), str(src),
         ]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        listing = _read_sass(cubin, sass) if proc.returncode == 0 and sass is not None else None
     if proc.returncode != 0:
         raise CompileError(
             f"nvcc failed for {src.name} on {arch} (exit {proc.returncode}):\n"
             f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
         )
-    return parse_ptxas(proc.stdout + proc.stderr, arch=arch, source=src.name)
+    kernels = parse_ptxas(proc.stdout + proc.stderr, arch=arch, source=src.name)
+    if listing is not None:
+        counts = local_accesses(listing)
+        kernels = [replace(k, local_accesses=counts.get(k.mangled, -1)) for k in kernels]
+    return kernels
 
 
 def compile_arch(
@@ -272,10 +336,12 @@ def compile_arch(
     use_cache: bool = True,
     workers: int | None = None,
     only: Sequence[str] | None = None,
+    sass: bool = False,
 ) -> ArchReport:
     """Compile every ``*.cu`` under `root` for `arch` (``sm_80`` or ``80``), or only the sources named in
     `only` (file names, e.g. a check that needs one kernel family: nvcc time is most of a CPU CI run);
-    cached on disk."""
+    cached on disk. `sass`: also count each kernel's local loads and stores in its SASS (where
+    sass_tools() finds the tools; else local_accesses stays -1), cached apart."""
     arch = arch if arch.startswith("sm_") else f"sm_{arch}"
     nvcc = nvcc or find_nvcc()
     root = Path(root) if root is not None else csrc_dir()
@@ -292,10 +358,13 @@ def compile_arch(
     parts: list = [arch, digest, version, list(NVCC_FLAGS), list(extra_flags)]
     if only is not None:
         parts.append(sorted(s.name for s in srcs))
+    tools = sass_tools(nvcc) if sass else None
+    if sass:  # (the default key is unchanged: the plugin's cached reports stay valid)
+        parts.append(["sass", tools is not None])
     key = hashlib.sha256(json.dumps(parts).encode())
     cache = _cache_dir() / f"{arch}-{key.hexdigest()[:20]}.json"
     if not use_cache:
-        return _compile_report(nvcc, srcs, arch, version, digest, extra_flags, workers)
+        return _compile_report(nvcc, srcs, arch, version, digest, extra_flags, workers, tools)
     cached = _read_report(cache, arch, version, digest)
     if cached is not None:
         return cached
@@ -305,7 +374,7 @@ def compile_arch(
         cached = _read_report(cache, arch, version, digest)  # another process finished it meanwhile
         if cached is not None:
             return cached
-        report = _compile_report(nvcc, srcs, arch, version, digest, extra_flags, workers)
+        report = _compile_report(nvcc, srcs, arch, version, digest, extra_flags, workers, tools)
         try:
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"kernels": [asdict(k) for k in report.kernels]}))
@@ -323,9 +392,10 @@ def _compile_report(
     digest: str,
     extra_flags: Sequence[str],
     workers: int | None,
+    tools: tuple[str, str] | None = None,
 ) -> ArchReport:
     with ThreadPoolExecutor(max_workers=workers or min(len(srcs), os.cpu_count() or 1)) as pool:
-        results = list(pool.map(lambda s: compile_source(nvcc, s, arch, extra_flags), srcs))
+        results = list(pool.map(lambda s: compile_source(nvcc, s, arch, extra_flags, tools), srcs))
     return ArchReport(arch, version, digest, [k for ks in results for k in ks])
 
 
@@ -356,15 +426,22 @@ def _cache_lock(cache: Path) -> Iterator[None]:
 
 
 def compile_archs(
-    archs: Iterable[str], root: Path | None = None, *, workers: int | None = None, **kwargs
+    archs: Iterable[str],
+    root: Path | None = None,
+    *,
+    workers: int | None = None,
+    sass_archs: Iterable[str] = (),
+    **kwargs,
 ) -> dict[str, ArchReport | Exception]:
-    """compile_arch for several archs in parallel; a failed arch maps to its exception."""
+    """compile_arch for several archs in parallel; a failed arch maps to its exception. `sass_archs`:
+    the archs compiled with sass=True (tests/test_local_memory.py reads sm_90's from the same cache entry)."""
     archs = list(dict.fromkeys(archs))
     nvcc = kwargs.pop("nvcc", None) or find_nvcc()
+    with_sass = set(sass_archs)
 
     def one(arch: str) -> ArchReport | Exception:
         try:
-            return compile_arch(arch, root, nvcc=nvcc, workers=1, **kwargs)
+            return compile_arch(arch, root, nvcc=nvcc, workers=1, sass=arch in with_sass, **kwargs)
         except (CompileError, OSError) as exc:
             return exc
 
