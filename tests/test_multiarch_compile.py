@@ -54,3 +54,23 @@ def test_dynamic_shared_memory_starts_128_byte_aligned(arch: str, compiled: dict
         pytest.fail(f"{arch}: {report}", pytrace=False)
     misaligned = [k.describe() for k in report.kernels if k.static_smem % 128]
     assert not misaligned, f"{arch}: the dynamic shared memory of {misaligned} is not 128-byte aligned"
+
+
+def cluster_kernel_problems(report: resources.ArchReport) -> list[str]:
+    """fwd_task_cluster has its body only in sm_90+ code (csrc gn_forward.cu: it is never launched below):
+    a real kernel there (barriers: __syncthreads, the cluster barrier), an empty stub below."""
+    arch = int(report.arch[3:])
+    kernels = [k for k in report.kernels if "fwd_task_cluster" in k.mangled]
+    if not kernels:
+        return [f"{report.arch}: no fwd_task_cluster kernels"]
+    if arch >= 90:
+        return [f"{k.describe()}: no body on {report.arch}" for k in kernels if k.barriers == 0]
+    return [f"{k.describe()}: a body on {report.arch} (never run there)" for k in kernels if k.barriers > 0]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cluster_kernel_has_its_body_only_from_sm_90(arch: str, compiled: dict) -> None:
+    report = compiled[arch]
+    if isinstance(report, Exception):
+        pytest.fail(f"{arch}: {report}", pytrace=False)
+    assert not cluster_kernel_problems(report)
