@@ -2,8 +2,9 @@
 
 ``compile_arch("sm_80")`` runs ``nvcc -cubin -arch=sm_80 -O3 -std=c++17 -Xptxas -v`` on every
 ``csrc/*.cu`` (in parallel) and parses the ptxas report into one :class:`KernelReport` per
-kernel: registers, static shared memory, local memory, stack and spills. Results are cached on
-disk by (arch, hash of the sources, nvcc version, flags). No torch, no GPU needed.
+kernel: registers, static shared memory, local memory, stack and spills; with ``sass=True`` also each
+kernel's local loads and stores in its SASS (cuobjdump). Results are cached on disk by (arch, hash of the
+sources, nvcc version, flags). No torch, no GPU needed.
 """
 
 from __future__ import annotations
