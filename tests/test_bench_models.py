@@ -471,9 +471,17 @@ def test_without_groupnorm_keeps_the_activation() -> None:
     ]  # fmt: skip
 
 
-def test_criteria_compile_rows_check_memory_only_and_cpu_runs_are_not_judged() -> None:
+def test_criteria_compile_rows_check_speed_and_memory_and_cpu_runs_are_not_judged() -> None:
+    """Issue 13: at least 1.0x under torch.compile, and no more peak memory (no GN share there)."""
     compiled = fake_row(12.0, 9.0, 6.0, compiled=True)
-    assert list(statuses([compiled])) == [("vae", "bf16", "compile", "peak memory swapped / baseline")]
+    assert list(statuses([compiled])) == [
+        ("vae", "bf16", "compile", "speedup"),
+        ("vae", "bf16", "compile", "peak memory swapped / baseline"),
+    ]
+    checks = {c.target: c for c in bm.check_criteria([compiled, fake_row(12.0, 9.0, 10.0, compiled=True)])}
+    assert checks["speedup"].threshold == bm.COMPILE_SPEEDUP_MIN
+    slow = [c for c in bm.check_criteria([fake_row(12.0, 9.0, 10.0, compiled=True)]) if c.target == "speedup"]
+    assert [c.status for c in slow] == ["MISS"]  # 9 / 10 = 0.9x
     assert set(statuses([fake_row(12.0, 9.0, 6.0)], judged=False).values()) == {"reported"}
 
 
@@ -604,7 +612,7 @@ def test_cli_fuse_calls_and_compile(tmp_path: Path) -> None:
     assert row["baseline_compile_s"] > 0 and row["swapped_compile_s"] > 0
     assert "compile s baseline" in md
     assert row["gn_profile"] is None and "GN ms" not in md  # compile rows are not profiled
-    assert [c["target"] for c in data["criteria"]] == ["peak memory swapped / baseline"]
+    assert [c["target"] for c in data["criteria"]] == ["speedup", "peak memory swapped / baseline"]
 
 
 def test_unavailable_model_is_skipped_with_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,6 +121,51 @@ def test_under_cuda_autocast_the_output_is_float32_like_torchs(monkeypatch):
     assert module(x).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
+def test_under_compile_autocast_calls_the_wide_custom_op_on_x_as_it_is(monkeypatch, param_dtype):
+    """torch.compile + CUDA autocast: a bfloat16 x goes to the custom op's wide form uncast (float32 y;
+    no float32 copy of x in the graph). bfloat16 parameters are cast to float32 as autocast would; a
+    float64 one is not ours (the caller casts x and takes torch's path, as before)."""
+    from gn_module import functional, ops
+
+    calls = []
+
+    def fake_cuda(x, groups, w, b, eps, act, passes, wide=False):
+        calls.append((x.dtype, w.dtype, b.dtype, groups, eps, act, passes, wide))
+        return torch.empty_like(x, dtype=torch.float32)
+
+    monkeypatch.setattr(functional, "_under_cuda_autocast", lambda t: True)
+    monkeypatch.setattr(functional, "fast_path_reason", lambda x, w: None)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(ops, "group_norm_cuda", fake_cuda)
+    x = torch.randn(2, 8, 4, 4).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(8, dtype=param_dtype), torch.randn(8, dtype=param_dtype)
+    y = gn_module.group_norm(x, 4, w, b, act="silu", passes=2)
+    assert calls == [(torch.bfloat16, torch.float32, torch.float32, 4, 1e-5, "silu", 2, True)]
+    assert y.dtype == torch.float32
+    w64 = torch.randn(8, dtype=torch.float64)
+    assert functional._compiled_wide(x, 4, w64, None, 1e-5, None, "auto") is None
+    assert len(calls) == 1
+
+
+def test_the_custom_ops_wide_form_has_float32_y_and_x_dtype_dx():
+    """The fake (meta) kernels torch.compile traces with: y float32 in x's memory format for wide=True,
+    dx in x's dtype; the schema keeps wide optional (graphs traced before it still bind)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gn_module import ops  # noqa: F401  (registers the ops)
+
+    with FakeTensorMode():
+        x = torch.empty(2, 64, 8, 8, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+        w, b = torch.empty(64), torch.empty(64)
+        y, mean, rstd = torch.ops.gn_module.group_norm_fwd(x, w, b, 32, 1e-5, 0, 0, True)
+        assert y.dtype == torch.float32 and y.stride() == x.stride() and mean.shape == (2, 32)
+        assert torch.ops.gn_module.group_norm_fwd(x, w, b, 32, 1e-5, 0, 0)[0].dtype == torch.bfloat16
+        dx, dw, _ = torch.ops.gn_module.group_norm_bwd(y, x, w, b, mean, rstd, 32, 1e-5, 0, 0, True)
+        assert dx.dtype == torch.bfloat16 and dx.stride() == x.stride() and dw.dtype == torch.float32
+    assert "bool wide=False" in str(torch.ops.gn_module.group_norm_fwd.default._schema)
+
+
 def test_autocast_output_is_checked_and_shown():
     x = torch.randn(2, 8, 3)
     with pytest.raises(

@@ -357,6 +357,31 @@ def wide_autocast_enabled() -> bool:
     return os.environ.get(ENV_WIDE_AUTOCAST, "1") != "0"
 
 
+def _compiled_wide(
+    x: torch.Tensor,
+    num_groups: object,
+    weight: object,
+    bias: object,
+    eps: object,
+    act: str | None,
+    passes: object,
+) -> torch.Tensor | None:
+    """Under torch.compile and CUDA autocast, a float16/bfloat16 x on the fast path: the custom op's
+    wide form (float32 y from x as it is, as the eager wide launches), so the compiled graph holds no
+    float32 copy of x and saves x itself for the backward. None where the call is not for our kernels
+    (weight/bias not float32, or x off the fast path): the caller casts, as before."""
+    if any(
+        p is not None and (not isinstance(p, torch.Tensor) or p.dtype != torch.float32)
+        for p in (weight, bias)
+    ):
+        return None
+    groups, eps_ = check_args(x, num_groups, weight, bias, eps, act, passes)  # type: ignore[arg-type]
+    if fast_path_reason(x, weight) is not None:  # type: ignore[arg-type]
+        return None
+    ops = _ops or _import_ops()
+    return ops.group_norm_cuda(x, groups, weight, bias, eps_, act, passes, wide=True)  # type: ignore[arg-type]
+
+
 def _import_ops() -> ModuleType:
     global _ops
     from gn_module import ops
@@ -407,6 +432,10 @@ def group_norm(
             if codes is not None:
                 ops = _ops or _import_ops()
                 y = ops.group_norm_wide(x, num_groups, w32, b32, eps, *codes)  # type: ignore[arg-type]
+                if y is not None:
+                    return y
+            elif torch.compiler.is_compiling():
+                y = _compiled_wide(x, num_groups, w32, b32, eps, act, passes)
                 if y is not None:
                     return y
         x, weight, bias = _autocast_float32(x, weight, bias)

@@ -1102,15 +1102,38 @@ def group_norm_fwd(
     eps: float,
     act: int,
     passes: int,
+    wide: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y, mean, rstd. ``wide``: autocast's GroupNorm of a float16/bfloat16 x: float32 y
+    (`_forward_float32`)."""
     with torch.cuda.device(x.device):
+        if wide:
+            return _forward_float32(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
         return forward(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
 
 
 @group_norm_fwd.register_fake
-def _(x, weight, bias, num_groups, eps, act, passes):
+def _(x, weight, bias, num_groups, eps, act, passes, wide=False):
     stats = x.new_empty((x.shape[0], num_groups), dtype=torch.float32)
-    return torch.empty_like(x), stats, torch.empty_like(stats)
+    return torch.empty_like(x, dtype=torch.float32 if wide else None), stats, torch.empty_like(stats)
+
+
+def _forward_float32(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What torch's GroupNorm gives under autocast (float32 arithmetic on x.float(), float32 y), for the
+    custom op under torch.compile: the wide launch, which reads x as it is, or where the kernels have
+    none the launch on a float32 copy of x (the same arithmetic)."""
+    try:
+        return forward(x, weight, bias, num_groups, eps, act, passes, None, torch.float32)
+    except NoWideLaunch:
+        return forward(x.float(), weight, bias, num_groups, eps, act, passes)
 
 
 @torch.library.custom_op("gn_module::group_norm_bwd", mutates_args=(), device_types="cuda")
@@ -1125,13 +1148,23 @@ def group_norm_bwd(
     eps: float,
     act: int,
     passes: int,
+    wide: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dx (x's dtype), dweight, dbias. ``wide``: the backward of `group_norm_fwd`'s wide form (float32 dy)."""
     with torch.cuda.device(x.device):
-        return backward(dy, x, _dense(weight), _dense(bias), mean, rstd, num_groups, eps, act, passes)
+        w, b = _dense(weight), _dense(bias)
+        if not wide:
+            return backward(dy, x, w, b, mean, rstd, num_groups, eps, act, passes)
+        dy = dy if dy.dtype == torch.float32 else dy.float()
+        try:
+            return backward(dy, x, w, b, mean, rstd, num_groups, eps, act, passes, torch.float32)
+        except NoWideLaunch:  # (as the forward: the launch on float32 copies, dx rounded to x's dtype)
+            dx, dw, db = backward(dy, x.float(), w, b, mean, rstd, num_groups, eps, act, passes)
+            return dx.to(x.dtype), dw, db
 
 
 @group_norm_bwd.register_fake
-def _(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes):
+def _(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes, wide=False):
     c = x.shape[1]
     param = weight if weight is not None else bias
     pdt = param.dtype if param is not None else torch.float32
@@ -1139,21 +1172,22 @@ def _(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes):
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, bias, num_groups, eps, act, passes = inputs
+    x, weight, bias, num_groups, eps, act, passes, wide = inputs
     _, mean, rstd = output
     ctx.save_for_backward(x, weight, bias, mean, rstd)
-    ctx.config = (num_groups, eps, act, passes)
+    ctx.config = (num_groups, eps, act, passes, wide)
 
 
 def _backward(ctx, dy, _dmean, _drstd):
     x, weight, bias, mean, rstd = ctx.saved_tensors
-    num_groups, eps, act, passes = ctx.config
-    dx, dw, db = group_norm_bwd(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes)
+    num_groups, eps, act, passes, wide = ctx.config
+    dx, dw, db = group_norm_bwd(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes, wide)
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     return (
         dx if need_x else None,
         dw if (weight is not None and need_w) else None,
         db if (bias is not None and need_b) else None,
+        None,
         None,
         None,
         None,
@@ -1308,10 +1342,15 @@ def group_norm_cuda(
     eps: float,
     act: str | None,
     passes: object,
+    wide: bool = False,
 ) -> torch.Tensor:
     """Our kernels on a CUDA (N, *spatial, C) tensor: the custom op when torch.compile traces
-    (no graph break), else `group_norm_eager` (lower host overhead)."""
+    (no graph break), else `group_norm_eager` (lower host overhead). ``wide`` (custom op only):
+    autocast's float32 y from a float16/bfloat16 x, without a float32 copy of x in the graph."""
     if torch.compiler.is_compiling():
-        y, _, _ = group_norm_fwd(x, weight, bias, num_groups, eps, _ACT_IDS[act], _PASSES[passes])
+        codes = _ACT_IDS[act], _PASSES[passes]
+        y, _, _ = group_norm_fwd(x, weight, bias, num_groups, eps, *codes, wide)
         return y
+    if wide:
+        raise ValueError("group_norm_cuda(): wide is for torch.compile tracing (eager: group_norm_wide)")
     return group_norm_eager(x, num_groups, weight, bias, eps, _ACT_IDS[act], _PASSES[passes])

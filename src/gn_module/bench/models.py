@@ -83,6 +83,8 @@ LR = 1e-4
 GN_REMOVED_MIN = 0.7
 #: Swapped step at least as fast as the baseline, every model and precision, eager.
 EAGER_SPEEDUP_MIN = 1.0
+#: Swapped step at least as fast as the baseline under torch.compile (issue 13: at least the UNet, bf16).
+COMPILE_SPEEDUP_MIN = 1.0
 #: The AutoencoderKL-style VAE (`vae`), bf16 eager.
 VAE_BF16_SPEEDUP_MIN = 1.6
 #: Peak memory with the swap / without it: never higher.
@@ -604,6 +606,8 @@ def check_criteria(rows: Sequence[Row], judged: bool = True) -> list[TargetCheck
             add(*_speedup_target("speedup", r, EAGER_SPEEDUP_MIN))
             if r.model == "vae" and r.precision == "bf16":
                 add(*_speedup_target("speedup (AutoencoderKL-style VAE, bf16)", r, VAE_BF16_SPEEDUP_MIN))
+        else:
+            add("speedup", r.speedup, COMPILE_SPEEDUP_MIN)
         base, ours = r.baseline, r.swapped
         peaks = (base.peak_mib, ours.peak_mib) if base and ours else (None, None)
         ratio = peaks[1] / peaks[0] if None not in peaks and peaks[0] else None
