@@ -397,6 +397,24 @@ def test_gpu_busy_speedup_and_host_bound_steps() -> None:
     assert data["busy_speedup"] == pytest.approx(1.25) and data["host_bound"] is True
 
 
+def test_compile_rows_busy_time_comes_from_their_baseline_layouts_profile() -> None:
+    """Compile rows have no torch GroupNorm share; each configuration's step is profiled, and the
+    baseline's busy time is the faster layout's (here NCHW, 9 ms against CL 12 ms)."""
+    row = fake_row(12.0, 9.0, 18.0, compiled=True)
+    row.busy = {
+        "channels_last": dataclasses.replace(gn(0.0), device_ms=11.0),
+        "contiguous": dataclasses.replace(gn(0.0), device_ms=8.0),
+        bm.SWAPPED: dataclasses.replace(gn(0.0), device_ms=10.0),
+    }
+    row.gn_swapped = row.busy[bm.SWAPPED]
+    assert row.baseline_busy is row.busy["contiguous"] and row.busy_speedup == pytest.approx(0.8)
+    assert row.host_bound is False  # 9 ms of wall time for 8 of busy
+    header, body = bm.table([row])
+    assert body[0][header.index("GPU busy ms baseline/swapped")] == "8.00/10.00"
+    assert body[0][header.index("GN ms")] == "-" and body[0][header.index("saved/GN")] == "-"
+    assert row.as_dict()["baseline_device_ms"] == 8.0 and row.gn_share is None
+
+
 def test_criteria_saved_time_against_groupnorm_time() -> None:
     passing, missing, unprofiled = fake_row(12.0, 14.0, 9.0), fake_row(12.0, 14.0, 9.0), fake_row(12, 14, 9)
     passing.gn, missing.gn = gn(4.0), gn(5.0)  # saved 3 ms: 0.75 and 0.6 of t_GN
@@ -611,7 +629,10 @@ def test_cli_fuse_calls_and_compile(tmp_path: Path) -> None:
     assert row["measurements"]["swapped"]["rewritten"] > 0
     assert row["baseline_compile_s"] > 0 and row["swapped_compile_s"] > 0
     assert "compile s baseline" in md
-    assert row["gn_profile"] is None and "GN ms" not in md  # compile rows are not profiled
+    # compile rows: no torch GroupNorm share, but each configuration's step profiled for its busy time
+    assert row["gn_profile"] is None and row["gn_ms"] is None and row["saved_over_gn"] is None
+    assert row["swapped_profile"] is not None and row["baseline_device_ms"] is not None
+    assert "| GPU busy ms baseline/swapped |" in md
     assert [c["target"] for c in data["criteria"]] == ["speedup", "peak memory swapped / baseline"]
 
 

@@ -143,6 +143,16 @@ class Row:
     gn_error: str | None = None  # why profiling failed
     # the swapped step profiled the same way: gn_module's own kernel time and the GPU's busy time
     gn_swapped: GnShare | None = None
+    # compile rows (--profile-gn): each configuration's compiled step profiled, for its GPU busy time
+    busy: dict[str, GnShare] = field(default_factory=dict)
+
+    @property
+    def baseline_busy(self) -> GnShare | None:
+        """The baseline step's profile: `gn` (eager rows), or the compiled baseline layout's."""
+        if self.gn is not None:
+            return self.gn
+        layout = self.baseline_layout
+        return self.busy.get(layout) if layout else None
 
     @property
     def baseline_layout(self) -> str | None:
@@ -197,18 +207,19 @@ class Row:
     def busy_speedup(self) -> float | None:
         """GPU busy time of the baseline step / of the swapped step: what the swap does to the device's
         work, whatever the host adds (the wall-time speedup of a host-bound step compares host time)."""
-        if self.gn is None or self.gn_swapped is None or not self.gn_swapped.device_ms:
+        base = self.baseline_busy
+        if base is None or self.gn_swapped is None or not self.gn_swapped.device_ms:
             return None
-        return self.gn.device_ms / self.gn_swapped.device_ms
+        return base.device_ms / self.gn_swapped.device_ms
 
     @property
     def host_bound(self) -> bool | None:
         """Whether the baseline step takes HOST_BOUND_RATIO times its GPU busy time or more (it waits on
         the host: its wall-time speedup says little about the kernels)."""
-        base = self.baseline
-        if base is None or self.gn is None or not self.gn.device_ms:
+        base, busy = self.baseline, self.baseline_busy
+        if base is None or busy is None or not busy.device_ms:
             return None
-        return base.median_ms >= HOST_BOUND_RATIO * self.gn.device_ms
+        return base.median_ms >= HOST_BOUND_RATIO * busy.device_ms
 
     @property
     def errors(self) -> dict[str, str]:
@@ -243,7 +254,7 @@ class Row:
             "gn_source": self.gn.source if self.gn else None,
             "gn_profile": self.gn.as_dict() if self.gn else None,
             "gn_error": self.gn_error,
-            "baseline_device_ms": self.gn.device_ms if self.gn else None,
+            "baseline_device_ms": self.baseline_busy.device_ms if self.baseline_busy else None,
             "swapped_device_ms": self.gn_swapped.device_ms if self.gn_swapped else None,
             "ours_gn_ms": self.gn_swapped.own_ms if self.gn_swapped else None,
             "swapped_profile": self.gn_swapped.as_dict() if self.gn_swapped else None,
@@ -516,9 +527,17 @@ def run_row(
             with _compile_context(True):
                 t = prepare(spec, config, precision, True, batch_cpu, device, settings)
                 time_rounds([t], settings, device)
+                if settings.profile_gn and t.step is not None:  # GPU busy: does the step wait on the host?
+                    try:
+                        row.busy[config] = profile_gn(t.step, settings.profile_gn, device)
+                    except Exception as exc:
+                        row.gn_error = f"{config} step: {_error_text(exc)}"
                 done(t)
             del t
             _free(device)
+        row.gn_swapped = row.busy.get(SWAPPED)
+        if row.baseline_busy is not None and row.gn_swapped is not None:
+            log(f"{spec.name:24} {precision} {mode:7} {'GPU busy':13} {_busy_text(row)}")
         return row
 
     configs = (*CONFIGS, GN_FREE) if settings.gn_free else CONFIGS
@@ -548,10 +567,11 @@ def run_row(
 
 
 def _busy_text(row: Row) -> str:
-    base, ours = row.gn, row.gn_swapped
+    base, ours = row.baseline_busy, row.gn_swapped
     assert base is not None and ours is not None
+    torch_gn = f" (torch's GroupNorm {base.total_ms:.2f})" if row.gn is not None else ""
     return (
-        f"baseline {base.device_ms:.2f} ms of device time per step (torch's GroupNorm {base.total_ms:.2f}), "
+        f"baseline {base.device_ms:.2f} ms of device time per step{torch_gn}, "
         f"swapped {ours.device_ms:.2f} ms (gn_module's kernels {ours.own_ms:.2f} ms, "
         f"{ours.own_launches:g} launches)"
     )
@@ -666,7 +686,7 @@ def _mib(value: float | None) -> str:
 
 
 def _profiled(rows: Sequence[Row]) -> bool:
-    return any(r.gn is not None or r.gn_error for r in rows)
+    return any(r.gn is not None or r.gn_swapped is not None or r.gn_error for r in rows)
 
 
 def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
@@ -723,7 +743,9 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
                 _ms(r.saved_ms) if r.gn else "-",
                 "-" if r.gn_removed is None else f"{r.gn_removed:.2f}",
                 _ms(r.gn_swapped.own_ms) if r.gn_swapped else "-",
-                f"{r.gn.device_ms:.2f}/{r.gn_swapped.device_ms:.2f}" if r.gn and r.gn_swapped else "-",
+                f"{r.baseline_busy.device_ms:.2f}/{r.gn_swapped.device_ms:.2f}"
+                if r.baseline_busy and r.gn_swapped
+                else "-",
                 "-"
                 if r.busy_speedup is None
                 else f"{r.busy_speedup:.2f}x" + (" host-bound" * bool(r.host_bound)),
@@ -931,7 +953,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="STEPS",
         help="eager rows: profile this many extra steps of the baseline and report torch's GroupNorm time "
-        "(CUDA kernels; CPU op time on the CPU) and issue 13's saved/GN criterion; 0: off "
+        "(CUDA kernels; CPU op time on the CPU) and issue 13's saved/GN criterion, and both steps' GPU busy "
+        "time; compile rows: each configuration's GPU busy time; 0: off "
         f"(default {DEFAULTS['profile_gn']}, tiny {TINY_DEFAULTS['profile_gn']})",
     )
     p.add_argument("--tiny", action="store_true", help="tiny models and inputs (CPU smoke runs)")
