@@ -15,7 +15,12 @@ plan's L2 footprint (teams x members x re-read chunks x chunk bytes) beside the 
 L2 flushed). Every forced plan's y must be bitwise equal to the two-launch y (the team changes which
 block reduces which tile, never the arithmetic); a difference is reported and fails the run.
 
-    python scripts/l2_team_sweep.py [--dtypes fp16,bf16] [--json PATH]
+    python scripts/l2_team_sweep.py [--dtypes fp16,bf16] [--shapes 32x128x256x256,...] [--json PATH]
+
+`--shapes` keeps the listed shapes of SHAPES only (by their NxCxHxW). With the timing planting
+`timing-fwd-stagger` (GN_CSRC_DIR=$(python scripts/plant_bug.py timing-fwd-stagger); GN_NVCC_FLAGS
+=-DGN_STAGGER_NS=N sets its delay, default 8000) odd teams start later, which tells whether teams that
+wait in lockstep with DRAM idle, rather than the waits themselves, cost the multi-team plans.
 
 Run it twice in one session, once with GN_CSRC_DIR at the patched kernels, to see the policies' share.
 """
@@ -128,12 +133,17 @@ def sweep(shape, groups, act, dname: str, timer: EventTimer) -> tuple[list[dict]
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtypes", default="fp16")
+    ap.add_argument("--shapes", help="comma-separated NxCxHxW of SHAPES to keep (default: all)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    keep = set(args.shapes.split(",")) if args.shapes else None
+    shapes = [s for s in SHAPES if keep is None or "x".join(map(str, s[0])) in keep]
+    if not shapes:
+        ap.error(f"--shapes {args.shapes!r} keeps none of {['x'.join(map(str, s[0])) for s in SHAPES]}")
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
     rows, bad = [], 0
     for dname in args.dtypes.split(","):
-        for shape, groups, act in SHAPES:
+        for shape, groups, act in shapes:
             r, b = sweep(shape, groups, act, dname, timer)
             rows += r
             bad += b

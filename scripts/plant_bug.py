@@ -42,6 +42,10 @@ FWD_ONEPASS_TILE_CALL = "    fwd_tile<T, V, kBatchOnepassForward>(a, t, is_last 
 TILE_OFFSET = "  __device__ int64_t offset(const GnArgs& a) const { return (n * a.s + row0) * a.c; }"
 TILE_SAMPLE = "    n = tile / a.tiles_per_slice;"
 TASK_FINISH_TILE = "          finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);"
+# fwd_task_onepass: a member's tiles, before its rounds
+FWD_TASK_MEMBER_TILES = (
+    "    // schedule.member_tiles: contiguous, balanced, every tile of the task exactly once"
+)
 # member_stats: a chunk's rows summed from its slot
 TASK_STATS_ROWS = (
     "        if (lane.active) accumulate_rows<T, V>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), "
@@ -200,6 +204,26 @@ PLANTINGS = {
         "          if (threadIdx.x == 0 && s1[0] == 1234.5f)\n"
         "            parts[tile] = make_float2(s1[V - 1], s2[V - 1]);",
         "task forward stats: no per-tile fold (two barriers, shuffles) and no tile partial",
+        "fwd-tasks", False,
+    ),
+    # Do teams that run in lockstep (all reading, then all waiting with DRAM idle) cost the one-launch
+    # forward's multi-team plans? Odd teams start GN_STAGGER_NS later (results stay right: timing only).
+    "timing-fwd-stagger": Planting(
+        "gn_forward.cu", FWD_TASK_MEMBER_TILES,
+        FWD_TASK_MEMBER_TILES + "\n"
+        "#ifndef GN_STAGGER_NS\n"
+        "#define GN_STAGGER_NS 8000\n"
+        "#endif\n"
+        "    if (team & 1) {  // PLANTED (timing only): odd teams start GN_STAGGER_NS later\n"
+        "      unsigned long long s, now;\n"
+        '      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(s));\n'
+        "      do {\n"
+        "        __nanosleep(256);\n"
+        '        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));\n'
+        "      } while (now - s < GN_STAGGER_NS);\n"
+        "    }",
+        "task forward one launch: odd teams start GN_STAGGER_NS (default 8 us) after the even ones, so two "
+        "teams' streaming and waits can alternate instead of running in lockstep",
         "fwd-tasks", False,
     ),
     "timing-fwd-copy-only": Planting(
