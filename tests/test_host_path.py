@@ -925,3 +925,74 @@ def test_gnargs_fields_follow_the_c_header_in_order() -> None:
         names.append(words[0].replace("*", " ").split()[-1])
         names += words[1:]
     assert names == [name for name, _ in _abi.GnArgs._fields_]
+
+
+# ---------------------------------------------------------------- the custom op (torch.compile graphs)
+@pytest.mark.parametrize("arch", ["tiles", "tasks", "tasks+bwd"])
+@pytest.mark.parametrize("case", PARAMS)
+def test_custom_op_route_launches_as_the_general_one(train_stub, monkeypatch, case, arch):
+    """What a compiled graph runs (`_op_forward`, `_op_backward`: the cached launch bytes) against the
+    general `forward` and `backward`: the same non-pointer GnArgs fields in both directions, outputs of
+    the same dtypes, shapes and strides (dweight and dbias always returned, as the op's schema has
+    them), and the pointers of the op's own tensors: the backward reads the mean and rstd the forward
+    returned."""
+    monkeypatch.setenv(ops.ENV_ARCH, arch)
+    x = cl().bfloat16() if case.startswith("bf16") else cl()
+    w, b = PARAMS[case]()
+    start = len(_stub_calls())
+    y, mean, rstd = ops._op_forward(x, w, b, 32, 1e-5, 1, 0)
+    dy = torch.randn_like(y)
+    dx, dw, db = ops._op_backward(dy, x, w, b, mean, rstd, 32, 1e-5, 1, 0)
+    calls = _stub_calls()[start:]
+    assert [c[0] for c in calls] == ["fwd", "bwd"]
+    fwd, bwd = fields(calls[0][1]), fields(calls[1][1])
+    with ops.launch_record():
+        general = ops.forward(x, w, b, 32, 1e-5, 1, 0)
+        general += ops.backward(dy, x, w, b, general[1], general[2], 32, 1e-5, 1, 0)
+    assert plain(fwd) == plain(fields(_stub_calls()[-2][1])) and plain(bwd) == plain(
+        fields(_stub_calls()[-1][1])
+    )
+    for got, want in zip((y, mean, rstd, dx, dw, db), general, strict=True):
+        assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+    assert (fwd["x"], fwd["out"], fwd["mean"], fwd["rstd"]) == tuple(t.data_ptr() for t in (x, y, mean, rstd))
+    assert (bwd["x"], bwd["dy"], bwd["out"]) == (x.data_ptr(), dy.data_ptr(), dx.data_ptr())
+    assert (bwd["mean"], bwd["rstd"]) == (mean.data_ptr(), rstd.data_ptr())
+    assert fwd["workspace"] not in (mean.data_ptr(), rstd.data_ptr(), y.data_ptr())
+
+
+def test_custom_op_records_and_poison_take_the_general_route(train_stub):
+    x = cl()
+    with ops.poison_outputs():
+        y, mean, _ = ops._op_forward(x, None, None, 32, 1e-5, 0, 0)  # the stub writes nothing
+    assert torch.isnan(y).all() and torch.isnan(mean).all()
+    with ops.launch_record() as rec:
+        ops._op_forward(x, None, None, 32, 1e-5, 0, 0)
+    assert "fwd" in rec and launch_fields(train_stub)[1]["record"] != 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "groups", "wide"), [((2, 64, 8, 8), 32, True), ((2, 100, 8, 8), 10, False)]
+)
+def test_custom_op_float32_form_is_wide_where_the_kernels_have_it(
+    train_stub, monkeypatch, shape, groups, wide
+):
+    """The op's wide form (torch.compile under autocast): x as it is with wide_dtype float32 where the
+    kernels have that launch, else the launch on a float32 copy of x (C=100 bf16: no 16-byte vectors);
+    float32 y and float32 dy either way, dx in x's dtype."""
+    monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd")
+    x = cl(shape, torch.bfloat16)
+    w, b = params(shape[1], torch.float32)
+    y, mean, rstd = ops._forward_float32(x, w, b, groups, 1e-5, 1, 0)
+    _, f = launch_fields(train_stub)
+    code = _abi.DTYPE_CODES["bfloat16"] if wide else 0
+    assert (
+        y.dtype == torch.float32 and y.stride() == x.stride() and (f["dtype"], f["wide_dtype"]) == (code, 0)
+    )
+    dx, dw, db = ops._backward_float32(torch.randn_like(y), x, w, b, mean, rstd, groups, 1e-5, 1, 0)
+    _, f = launch_fields(train_stub)
+    assert (
+        dx.dtype == torch.bfloat16
+        and dx.stride() == x.stride()
+        and (f["dtype"], f["wide_dtype"]) == (code, 0)
+    )
+    assert dw.dtype == db.dtype == torch.float32

@@ -1106,10 +1106,9 @@ def group_norm_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y, mean, rstd. ``wide``: autocast's GroupNorm of a float16/bfloat16 x: float32 y
     (`_forward_float32`)."""
-    with torch.cuda.device(x.device):
-        if wide:
-            return _forward_float32(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
-        return forward(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
+    if wide:
+        return _forward_float32(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
+    return _op_forward(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
 
 
 @group_norm_fwd.register_fake
@@ -1131,9 +1130,106 @@ def _forward_float32(
     custom op under torch.compile: the wide launch, which reads x as it is, or where the kernels have
     none the launch on a float32 copy of x (the same arithmetic)."""
     try:
-        return forward(x, weight, bias, num_groups, eps, act, passes, None, torch.float32)
+        return _op_forward(x, weight, bias, num_groups, eps, act, passes, torch.float32)
     except NoWideLaunch:
-        return forward(x.float(), weight, bias, num_groups, eps, act, passes)
+        return _op_forward(x.float(), weight, bias, num_groups, eps, act, passes)
+
+
+def _backward_float32(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_forward_float32`'s backward: float32 dy, dx in x's dtype; the wide launch, or where the
+    kernels have none the launch on float32 copies with dx rounded to x's dtype."""
+    dy = dy if dy.dtype == torch.float32 else dy.float()
+    try:
+        return _op_backward(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes, torch.float32)
+    except NoWideLaunch:
+        dx, dw, db = _op_backward(dy, x.float(), weight, bias, mean, rstd, num_groups, eps, act, passes)
+        return dx.to(x.dtype), dw, db
+
+
+def _device_of(x: torch.Tensor) -> contextlib.AbstractContextManager[object]:
+    """x's CUDA device made current (the general routes allocate and launch on the current device);
+    nothing for a CPU tensor (the host-path tests' stub launches)."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _op_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+    wide: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The custom op's forward (what a torch.compile graph calls): `forward`'s launch on
+    `_forward_lean`'s host path (the cached launch bytes, no plan or GnArgs built per call, no device
+    guard: the tensors name their device), with mean and rstd as tensors of their own. Launch
+    records, poisoning and phase traces take `forward`."""
+    if _records or _poison or _traces:
+        with _device_of(x):
+            return forward(x, weight, bias, num_groups, eps, act, passes, None, wide)
+    ptr = x.data_ptr()
+    index = x.get_device()
+    param = weight if weight is not None else bias
+    launch = _launch(
+        "fwd", x, index, ptr % schedule.VEC_BYTES == 0, num_groups, eps, act, passes, param, wide
+    )
+    y = torch.empty_like(x, dtype=wide)
+    mean = torch.empty((x.shape[0], num_groups), dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    ws = torch.empty(launch.workspace_floats, dtype=torch.float32, device=x.device)
+    pointers = _abi.POINTERS.pack(
+        ptr,
+        0,
+        y.data_ptr(),
+        0 if weight is None else weight.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+        mean.data_ptr(),
+        rstd.data_ptr(),
+        ws.data_ptr(),
+        0,
+        0,
+        0,
+    )
+    _send(launch, pointers, x.device, index, "GroupNorm fwd launch")
+    return y, mean, rstd
+
+
+def _op_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+    wide: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The custom op's backward: `backward`'s launch on `_backward_lean`'s host path, dweight and dbias
+    always returned (the op's schema has three tensors). Records, poisoning and traces take `backward`."""
+    if _records or _poison or _traces:
+        with _device_of(x):
+            return backward(dy, x, weight, bias, mean, rstd, num_groups, eps, act, passes, wide)
+    mean, rstd = mean.contiguous(), rstd.contiguous()  # (no-ops for the forward's own)
+    dx, dw, db = _backward_lean(
+        dy, x, weight, bias, mean.data_ptr(), rstd.data_ptr(), num_groups, eps, act, passes, True, True, wide
+    )
+    return dx, dw, db  # type: ignore[return-value]
 
 
 @torch.library.custom_op("gn_module::group_norm_bwd", mutates_args=(), device_types="cuda")
@@ -1151,16 +1247,10 @@ def group_norm_bwd(
     wide: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dx (x's dtype), dweight, dbias. ``wide``: the backward of `group_norm_fwd`'s wide form (float32 dy)."""
-    with torch.cuda.device(x.device):
-        w, b = _dense(weight), _dense(bias)
-        if not wide:
-            return backward(dy, x, w, b, mean, rstd, num_groups, eps, act, passes)
-        dy = dy if dy.dtype == torch.float32 else dy.float()
-        try:
-            return backward(dy, x, w, b, mean, rstd, num_groups, eps, act, passes, torch.float32)
-        except NoWideLaunch:  # (as the forward: the launch on float32 copies, dx rounded to x's dtype)
-            dx, dw, db = backward(dy, x.float(), w, b, mean, rstd, num_groups, eps, act, passes)
-            return dx.to(x.dtype), dw, db
+    w, b = _dense(weight), _dense(bias)
+    if wide:
+        return _backward_float32(dy, x, w, b, mean, rstd, num_groups, eps, act, passes)
+    return _op_backward(dy, x, w, b, mean, rstd, num_groups, eps, act, passes)
 
 
 @group_norm_bwd.register_fake
