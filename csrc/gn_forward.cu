@@ -82,6 +82,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   if (team < a.teams) {
     // schedule.member_tiles: contiguous, balanced, every tile of the task exactly once
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
+    stagger_start(a, team);
     int round = 0;
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
       prefetch_task_params(a, task);

@@ -143,6 +143,22 @@ __device__ __forceinline__ void trace_point(const GnArgs& a, int point) {
   }
 }
 
+// The one-launch forward's team stagger (GnArgs::stagger_ns; schedule.team_stagger): a team's late start,
+// a sleep on the global timer (ns), which any arch has. Thread 0 sleeps, the block waits at the barrier.
+__device__ __forceinline__ void stagger_start(const GnArgs& a, int team) {
+  if (a.stagger_ns <= 0 || a.stagger_phases <= 1) return;
+  const int64_t delay = static_cast<int64_t>(team % a.stagger_phases) * a.stagger_ns;
+  if (delay > 0 && threadIdx.x == 0) {
+    uint64_t start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+      __nanosleep(256);
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < static_cast<uint64_t>(delay));
+  }
+  __syncthreads();
+}
+
 // ---------------------------------------------------------------- task geometry
 // Divisions come precomputed from the schedule (GnArgs' derived fields) or are 32-bit: a 64-bit
 // division is a long dependent call, and a block's prologue had several before its first copy

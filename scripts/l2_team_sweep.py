@@ -17,10 +17,10 @@ block reduces which tile, never the arithmetic); a difference is reported and fa
 
     python scripts/l2_team_sweep.py [--dtypes fp16,bf16] [--shapes 32x128x256x256,...] [--json PATH]
 
-`--shapes` keeps the listed shapes of SHAPES only (by their NxCxHxW). With the timing planting
-`timing-fwd-stagger` (GN_CSRC_DIR=$(python scripts/plant_bug.py timing-fwd-stagger); GN_NVCC_FLAGS
-=-DGN_STAGGER_NS=N sets its delay, default 8000) odd teams start later, which tells whether teams that
-wait in lockstep with DRAM idle, rather than the waits themselves, cost the multi-team plans.
+`--shapes` keeps the listed shapes of SHAPES only (by their NxCxHxW). `--stagger NS[:PHASES],...` times
+every one-launch plan again under each team stagger (ops.team_stagger: team j starts (j % PHASES) x NS
+late, PHASES 2 unless given), which tells whether teams that wait in lockstep with DRAM idle, rather than
+the waits themselves, cost the multi-team plans. Staggered rows must be bitwise equal too.
 
 Run it twice in one session, once with GN_CSRC_DIR at the patched kernels, to see the policies' share.
 """
@@ -77,7 +77,9 @@ def describe(p) -> dict:
     }  # fmt: skip
 
 
-def sweep(shape, groups, act, dname: str, timer: EventTimer) -> tuple[list[dict], int]:
+def sweep(
+    shape, groups, act, dname: str, timer: EventTimer, staggers: list[tuple[int, int]]
+) -> tuple[list[dict], int]:
     dtype = DT[dname]
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.empty(shape, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
@@ -107,20 +109,31 @@ def sweep(shape, groups, act, dname: str, timer: EventTimer) -> tuple[list[dict]
         if m >= 1 and m not in seen:
             seen.add(m)
             configs.append((f"1-pass m={m}", forced_teams(m), 1))
-    for label, choose, passes in configs:
+    runs = [(label, choose, passes, (0, 2)) for label, choose, passes in configs]
+    for ns, phases in staggers:
+        runs += [(f"{label} st={ns}:{phases}", choose, passes, (ns, phases))
+                 for label, choose, passes in configs if passes == 1]  # fmt: skip
+    for label, choose, passes, (ns, phases) in runs:
         use_teams(choose)
         p = ops.plan(x.shape, groups, dtype, "fwd", passes)
-        y = run(passes)
-        same = torch.equal(y, ref)
-        bad += not same
-        timing = time_cuda(
-            lambda passes=passes: run(passes), reps=30, warmup=3, min_reps=10, max_seconds=0.2, timer=timer
-        )
+        with ops.team_stagger(ns, phases):
+            y = run(passes)
+            same = torch.equal(y, ref)
+            bad += not same
+            timing = time_cuda(
+                lambda passes=passes: run(passes),
+                reps=30,
+                warmup=3,
+                min_reps=10,
+                max_seconds=0.2,
+                timer=timer,
+            )
         row = {"shape": name, "dtype": dname, "config": label, "us": round(timing.median_us, 1),
-               "bitwise_equal_2pass": same, **describe(p)}  # fmt: skip
+               "bitwise_equal_2pass": same, "stagger_ns": ns if passes == 1 else 0,
+               **describe(p)}  # fmt: skip
         rows.append(row)
         print(
-            f"{name:24} {dname} {label:16} {row['us']:8.1f} us  m={row['m']} teams={row['teams']} "
+            f"{name:24} {dname} {label:26} {row['us']:8.1f} us  m={row['m']} teams={row['teams']} "
             f"rounds={row['rounds']} chunks={row['chunks']} over={row['over']} slots={row['slots']} "
             f"L2={row['l2_mib']} MiB sched={row['sched']} {'' if same else 'NOT BITWISE EQUAL'}",
             flush=True,
@@ -135,7 +148,12 @@ def main() -> int:
     ap.add_argument("--dtypes", default="fp16")
     ap.add_argument("--shapes", help="comma-separated NxCxHxW of SHAPES to keep (default: all)")
     ap.add_argument("--json")
+    ap.add_argument("--stagger", default="", help="comma-separated NS[:PHASES] team staggers to time too")
     args = ap.parse_args()
+    try:
+        staggers = [ops._parse_stagger(v) for v in args.stagger.split(",") if v]
+    except ValueError as exc:
+        ap.error(str(exc))
     keep = set(args.shapes.split(",")) if args.shapes else None
     shapes = [s for s in SHAPES if keep is None or "x".join(map(str, s[0])) in keep]
     if not shapes:
@@ -144,7 +162,7 @@ def main() -> int:
     rows, bad = [], 0
     for dname in args.dtypes.split(","):
         for shape, groups, act in shapes:
-            r, b = sweep(shape, groups, act, dname, timer)
+            r, b = sweep(shape, groups, act, dname, timer, staggers)
             rows += r
             bad += b
             torch.cuda.empty_cache()

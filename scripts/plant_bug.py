@@ -208,24 +208,6 @@ PLANTINGS = {
     ),
     # Do teams that run in lockstep (all reading, then all waiting with DRAM idle) cost the one-launch
     # forward's multi-team plans? Odd teams start GN_STAGGER_NS later (results stay right: timing only).
-    "timing-fwd-stagger": Planting(
-        "gn_forward.cu", FWD_TASK_MEMBER_TILES,
-        FWD_TASK_MEMBER_TILES + "\n"
-        "#ifndef GN_STAGGER_NS\n"
-        "#define GN_STAGGER_NS 8000\n"
-        "#endif\n"
-        "    if (team & 1) {  // PLANTED (timing only): odd teams start GN_STAGGER_NS later\n"
-        "      unsigned long long s, now;\n"
-        '      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(s));\n'
-        "      do {\n"
-        "        __nanosleep(256);\n"
-        '        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));\n'
-        "      } while (now - s < GN_STAGGER_NS);\n"
-        "    }",
-        "task forward one launch: odd teams start GN_STAGGER_NS (default 8 us) after the even ones, so two "
-        "teams' streaming and waits can alternate instead of running in lockstep",
-        "fwd-tasks", False,
-    ),
     "timing-fwd-copy-only": Planting(
         "gn_tasks.cuh",
         TASK_STATS_ROWS,

@@ -40,7 +40,6 @@ TIMING_PLANTING_SOURCES = {
     "timing-fwd-less-math": "gn_forward.cu",
     "timing-fwd-no-fold": "gn_forward.cu",
     "timing-fwd-copy-only": "gn_forward.cu",
-    "timing-fwd-stagger": "gn_forward.cu",
 }
 
 

@@ -93,6 +93,8 @@ class GnArgs(ctypes.Structure):
         ("cluster_teams", _i32),  # 1: the one-launch forward's teams run as thread-block clusters (sm_90)
         # n / d as (umulhi(n, mul) + n) >> shift for the task geometry's divisors (schedule.fast_divisor)
         *((f"{name}_{part}", _u32) for name in FAST_DIVISORS for part in ("mul", "shift")),
+        ("stagger_ns", _i32),  # the one-launch forward's team stagger (schedule.team_stagger; 0: off)
+        ("stagger_phases", _i32),  # team j starts (j % stagger_phases) * stagger_ns late
     ]
 
 

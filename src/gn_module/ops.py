@@ -238,6 +238,59 @@ def cluster_teams_enabled() -> bool:
     return _CLUSTER.enabled()
 
 
+#: Off by default (opt-in until measured across shapes and the GPU suite has run on it): the one-launch
+#: forward's team stagger, "NS" or "NS:PHASES" (schedule.team_stagger; ops.team_stagger overrides it).
+ENV_STAGGER = "GN_TEAM_STAGGER"
+_stagger_stack: list[tuple[int, int]] = []
+
+
+_RAW_STAGGER = _ENV.encodekey(ENV_STAGGER) if _ENV_DATA is not None else ""
+_stagger_values: dict = {}
+
+
+def _parse_stagger(raw: str | bytes | None) -> tuple[int, int]:
+    if isinstance(raw, bytes):
+        raw = raw.decode()
+    if not raw:
+        return 0, 2
+    ns, _, phases = raw.partition(":")
+    try:
+        value = int(ns), int(phases) if phases else 2
+    except ValueError:
+        raise ValueError(f"{ENV_STAGGER} must be NS or NS:PHASES (integers), got {raw!r}") from None
+    if value[0] < 0 or value[1] < 1:
+        raise ValueError(f"{ENV_STAGGER} needs NS >= 0 and PHASES >= 1, got {raw!r}")
+    return value
+
+
+@contextlib.contextmanager
+def team_stagger(ns: int, phases: int = 2) -> Iterator[None]:
+    """Inside the block, team j of a one-launch forward that runs several teams for several rounds starts
+    (j % phases) * ns nanoseconds late (schedule.team_stagger), whatever GN_TEAM_STAGGER says; ns=0
+    turns it off. Same bits either way."""
+    for name, value, low in (("ns", ns, 0), ("phases", phases, 1)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+    with _settings_lock:
+        _stagger_stack.append((ns, phases))
+    try:
+        yield
+    finally:
+        with _settings_lock:
+            _stagger_stack.pop()
+
+
+def team_stagger_setting() -> tuple[int, int]:
+    """(ns, phases) asked for: the innermost `team_stagger` block, else GN_TEAM_STAGGER, else (0, 2)."""
+    if _stagger_stack:
+        return _stagger_stack[-1]
+    env = os.environ
+    raw = _ENV_DATA.get(_RAW_STAGGER) if env is _ENV and _ENV_DATA is not None else env.get(ENV_STAGGER)
+    return _parsed(_stagger_values, _parse_stagger, raw)  # type: ignore[return-value]
+
+
 def current_arch() -> str:
     """The kernel architecture in force (GN_ARCH; default DEFAULT_ARCH)."""
     return _parsed(_arch_values, _parse_arch, _raw_settings()[1])  # type: ignore[return-value]
@@ -723,6 +776,7 @@ def _launch(
         wide,
         dependent_launches_enabled(),
         cluster_teams_enabled(),
+        team_stagger_setting(),
     )
     launch = _launches.get(key)
     if launch is None:
@@ -753,6 +807,7 @@ def _new_launch(key: tuple) -> _Launch | object:
         wide,
         dependent,
         clusters,
+        stagger,
     ) = key
     try:
         p = plan(
@@ -772,6 +827,8 @@ def _new_launch(key: tuple) -> _Launch | object:
     if p.tiles >= 2**31:
         raise RuntimeError(f"gn_module: {p.tiles} tiles exceed the launch limit of 2**31 - 1 blocks")
     a = _args(p, dtype, eps, _ACTS[act], param_dtype, index, wide)
+    if isinstance(p, schedule.TaskPlan):
+        a.stagger_ns, a.stagger_phases = schedule.team_stagger(p, *stagger)
     lib = library(index, variant)
     dependent = dependent and isinstance(p, schedule.TaskPlan) and p.schedule == 2
     clusters = clusters and isinstance(p, schedule.TaskPlan) and schedule.cluster_teams_fit(p)

@@ -798,6 +798,28 @@ def cluster_teams_fit(p: TaskPlan) -> bool:
     )
 
 
+def team_stagger(p: TaskPlan, ns: int, phases: int = 2) -> tuple[int, int]:
+    """(stagger_ns, stagger_phases) of GnArgs for plan `p` when a team stagger of `ns` nanoseconds in
+    `phases` phases is asked for (ops.team_stagger): team j of the one-launch forward starts its first
+    task (j % phases) * ns late. Only a plan of several teams that each run several rounds has teams
+    that can take turns; any other plan gets (0, 0). The tiles, their order and so the bits are the
+    same either way. (Session 20, H200: 32x128x256x256 in 8 teams of 33 at 16 us in 2 phases, 388 us
+    against 416 us unstaggered and 420 us for the two launches; benchmarks/RESULTS.md.)"""
+    if not isinstance(ns, int) or not isinstance(phases, int) or ns < 0 or phases < 1:
+        raise ValueError(f"a team stagger needs ns >= 0 and phases >= 1, got {ns!r} and {phases!r}")
+    teams = p.teams
+    staggered = (
+        ns > 0
+        and phases > 1
+        and p.direction == "fwd"
+        and p.schedule == 1
+        and teams is not None
+        and teams.teams > 1
+        and teams.rounds > 1
+    )
+    return (min(ns, 2**31 - 1), phases) if staggered else (0, 0)
+
+
 def task_member_chunks(t: TaskTiling, team_size: int) -> tuple[int, ...]:
     """Chunks each member of a team of `team_size` reduces (and applies) of every task: its tiles
     (`member_tiles`) times chunks_per_tile. Chunks past the task's last row count, as in the kernels

@@ -1,0 +1,86 @@
+"""GPU tests of the one-launch forward's team stagger (opt-in: ops.team_stagger, GN_TEAM_STAGGER): team j
+starts its first task (j % phases) x ns late. Forced multi-team, multi-round plans (some with overflow
+chunks re-read from global memory) against the fp64 reference with poisoned outputs, bitwise equal
+unstaggered and to the two launches, every tile in the launch record; and the delay reaches the kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gn_module import ops, schedule
+
+from .test_kernels import check_against_reference, make_case, run, shape_id
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+# (shape, groups, team size, teams): the cap is team size x teams, so the team walks several rounds
+CASES = [
+    ((8, 128, 128, 128), 32, 16, 2),  # 4 rounds, members re-read 10 of 16 chunks
+    ((8, 320, 32, 32), 32, 6, 4),
+    ((6, 96, 20, 20), 8, 5, 3),  # fp16 C=96: 3 teams in 2 phases, the third starts with the first
+    ((4, 640, 4, 8, 8), 32, 3, 4),
+]
+
+
+def forced_teams(m: int):
+    """A schedule.choose_teams that answers teams of m members (as many teams as the blocks allow)."""
+
+    def choose(t: schedule.TaskTiling, blocks: int, slots: int) -> schedule.TaskTeams:
+        size = max(1, min(m, t.tiles_per_task, blocks))
+        teams = min(blocks // size, t.tasks)
+        chunks = -(-t.tiles_per_task // size) * t.chunks_per_tile
+        return schedule.TaskTeams(size, teams, -(-t.tasks // teams), chunks, max(0, chunks - slots))
+
+    return choose
+
+
+@pytest.fixture(autouse=True)
+def _task_kernels(monkeypatch):
+    monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd")
+    monkeypatch.delenv(ops.ENV_STAGGER, raising=False)
+    ops._launches.clear()
+    with ops.poison_outputs():
+        yield
+    ops._launches.clear()
+
+
+@pytest.mark.parametrize("phases", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize(("shape", "groups", "m", "teams"), CASES, ids=shape_id)
+def test_against_fp64_and_bitwise_equal_unstaggered(monkeypatch, shape, groups, m, teams, dtype, phases):
+    monkeypatch.setattr(schedule, "choose_teams", forced_teams(m))
+    x, w, b, dy = make_case(shape, groups, dtype, mean=3.0)
+    with ops.max_resident_blocks(m * teams):
+        p = ops.plan(x.shape, groups, x.dtype, "fwd", 1)
+        assert schedule.team_stagger(p, 20000, phases) == (20000, phases), p.teams  # not vacuous
+        with ops.team_stagger(20000, phases), ops.launch_record() as rec:
+            got = check_against_reference(x, groups, w, b, "silu", 1, dy)
+        r = rec["fwd"]
+        assert r["schedule"] == 1 and r["tiles_phase1"] == r["tiles_applied"] == p.tiles
+        plain = run(x, groups, w, b, "silu", 1, dy)
+    two = run(x, groups, w, b, "silu", 2, dy)
+    for a, b_, c in zip(got, plain, two, strict=True):
+        assert torch.equal(a, b_) and torch.equal(a, c)
+
+
+def test_the_delay_reaches_the_kernel(monkeypatch):
+    # a 3 ms stagger: the launch cannot end before its late teams start (a lower bound, not a speed test)
+    monkeypatch.setattr(schedule, "choose_teams", forced_teams(16))
+    x, w, b, _ = make_case((8, 128, 128, 128), 32, torch.float16)
+
+    def elapsed_ms() -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.no_grad():
+            ops.forward(x, w, b, 32, 1e-5, 1, 1)  # (warm: the launch is built and cached)
+            start.record()
+            ops.forward(x, w, b, 32, 1e-5, 1, 1)
+            end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    with ops.max_resident_blocks(32):
+        plain = elapsed_ms()
+        with ops.team_stagger(3_000_000):
+            late = elapsed_ms()
+    assert late >= 3.0 > plain, (late, plain)

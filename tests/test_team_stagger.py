@@ -1,0 +1,99 @@
+"""The one-launch forward's team stagger (opt-in: ops.team_stagger / GN_TEAM_STAGGER) without a GPU:
+which plans take it (schedule.team_stagger), how it is asked for, and that a launch carries it
+(GnArgs.stagger_ns, stagger_phases). Its bits and its delay are checked on a GPU in
+tests/gpu/test_team_stagger.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from arch_stub import ArchStub, host_overhead
+
+from gn_module import _abi, ops, schedule
+
+LARGE = (32, 128, 256, 256)  # one launch: 4 teams of 64 for 8 rounds on an H200
+
+
+@pytest.fixture(autouse=True)
+def _no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (ops.ENV_CAP, ops.ENV_ARCH, ops.ENV_STAGGER):
+        monkeypatch.delenv(name, raising=False)
+
+
+def fields(shape=LARGE, passes=1, direction="fwd") -> tuple[int, int]:
+    x = torch.empty(shape, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    with host_overhead.cpu_device(ArchStub(900)):
+        launch = ops._launch(direction, x, x.get_device(), True, 32, 1e-5, 0, passes, None)
+    a = _abi.GnArgs.from_buffer_copy(launch.args)
+    return a.stagger_ns, a.stagger_phases
+
+
+def test_only_plans_of_several_teams_and_rounds() -> None:
+    t = schedule.task_tiling(128, 32, 256 * 256, 2, "fwd", batch=32)
+    one = schedule.make_task_plan(t, 1, 6, 264)
+    assert one.teams.teams > 1 and one.teams.rounds > 1
+    assert schedule.team_stagger(one, 16000) == (16000, 2)
+    assert schedule.team_stagger(one, 16000, 4) == (16000, 4)
+    assert schedule.team_stagger(one, 0) == (0, 0)  # off
+    assert schedule.team_stagger(one, 16000, 1) == (0, 0)  # one phase: nobody is late
+    assert schedule.team_stagger(schedule.make_task_plan(t, 2, 6, 264), 16000) == (0, 0)  # two launches
+    small = schedule.make_task_plan(schedule.task_tiling(1280, 32, 256, 2, "fwd", batch=2), 1, 6, 264)
+    assert small.teams.rounds == 1 and schedule.team_stagger(small, 16000) == (0, 0)
+    capped = schedule.task_tiling(128, 32, 128 * 128, 2, "fwd", batch=8)
+    single = schedule.make_task_plan(capped, 1, 6, 264, 32)
+    assert single.teams.teams == 1 and schedule.team_stagger(single, 16000) == (0, 0)
+    bwd = schedule.make_task_plan(schedule.task_tiling(128, 32, 256 * 256, 2, "bwd", batch=32), 1, 3, 264)
+    assert schedule.team_stagger(bwd, 16000) == (0, 0)
+    assert schedule.team_stagger(one, 2**40) == (2**31 - 1, 2)  # (an int32 field)
+
+
+@pytest.mark.parametrize(("ns", "phases"), [(-1, 2), (5, 0), (1.5, 2)])
+def test_schedule_rejects_bad_values(ns, phases) -> None:
+    t = schedule.task_tiling(128, 32, 256 * 256, 2, "fwd", batch=32)
+    with pytest.raises(ValueError, match="stagger"):
+        schedule.team_stagger(schedule.make_task_plan(t, 1, 6, 264), ns, phases)
+
+
+def test_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ops.team_stagger_setting() == (0, 2) and fields() == (0, 0)
+    with ops.team_stagger(16000):
+        assert fields() == (16000, 2)
+        assert fields(passes=2) == (0, 0)
+        assert fields((2, 1280, 16, 16)) == (0, 0)  # one round
+        assert fields(direction="bwd") == (0, 0)
+        with ops.team_stagger(8000, 3):
+            assert fields() == (8000, 3)
+        with ops.team_stagger(0):
+            assert fields() == (0, 0)
+    monkeypatch.setenv(ops.ENV_STAGGER, "12000")
+    assert ops.team_stagger_setting() == (12000, 2) and fields() == (12000, 2)
+    monkeypatch.setenv(ops.ENV_STAGGER, "12000:4")
+    assert fields() == (12000, 4)
+    with ops.team_stagger(0):  # the block wins over the environment
+        assert fields() == (0, 0)
+
+
+@pytest.mark.parametrize("raw", ["fast", "10:x", "-5", "10:0", "1e4"])
+def test_a_bad_environment_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(ops.ENV_STAGGER, raw)
+    with pytest.raises(ValueError, match=ops.ENV_STAGGER):
+        ops.team_stagger_setting()
+
+
+def test_the_setting_is_part_of_the_cached_launch() -> None:
+    x = torch.empty(LARGE, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    with host_overhead.cpu_device(ArchStub(900)):
+        plain = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 1, None)
+        with ops.team_stagger(16000):
+            staggered = ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 1, None)
+        assert ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 1, None) is plain
+    assert staggered is not plain and staggered.plan == plain.plan
+
+
+@pytest.mark.parametrize(
+    ("ns", "phases", "error"),
+    [(True, 2, TypeError), (1.0, 2, TypeError), (-1, 2, ValueError), (10, 0, ValueError)],
+)
+def test_the_block_checks_its_arguments(ns, phases, error) -> None:
+    with pytest.raises(error), ops.team_stagger(ns, phases):
+        pass
