@@ -17,10 +17,12 @@ block reduces which tile, never the arithmetic); a difference is reported and fa
 
     python scripts/l2_team_sweep.py [--dtypes fp16,bf16] [--shapes 32x128x256x256,...] [--json PATH]
 
-`--shapes` keeps the listed shapes of SHAPES only (by their NxCxHxW). `--stagger NS[:PHASES],...` times
-every one-launch plan again under each team stagger (ops.team_stagger: team j starts (j % PHASES) x NS
-late, PHASES 2 unless given), which tells whether teams that wait in lockstep with DRAM idle, rather than
-the waits themselves, cost the multi-team plans. Staggered rows must be bitwise equal too.
+`--shapes` keeps the listed shapes of SHAPES (by their NxCxHxW); any other NxCxHxW[:G] is timed too
+(G 32 unless given, no activation). `--natural-only` skips the forced team sizes.
+`--stagger NS[:PHASES],...` times every one-launch plan again under each team stagger (ops.team_stagger:
+team j starts (j % PHASES) x NS late, PHASES 2 unless given), which tells whether teams that wait in
+lockstep with DRAM idle, rather than the waits themselves, cost the multi-team plans. Staggered rows must
+be bitwise equal too.
 
 Run it twice in one session, once with GN_CSRC_DIR at the patched kernels, to see the policies' share.
 """
@@ -78,7 +80,13 @@ def describe(p) -> dict:
 
 
 def sweep(
-    shape, groups, act, dname: str, timer: EventTimer, staggers: list[tuple[int, int]]
+    shape,
+    groups,
+    act,
+    dname: str,
+    timer: EventTimer,
+    staggers: list[tuple[int, int]],
+    natural_only: bool = False,
 ) -> tuple[list[dict], int]:
     dtype = DT[dname]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -104,7 +112,7 @@ def sweep(
         ("1-pass natural", NATURAL_CHOOSE_TEAMS, 1),
     ]
     seen = {natural.teams.team_size}
-    for k in (1, 2, 3, 4, 6, 8, 12, 16):
+    for k in () if natural_only else (1, 2, 3, 4, 6, 8, 12, 16):
         m = min(residency // k, natural.tiling.tiles_per_task)
         if m >= 1 and m not in seen:
             seen.add(m)
@@ -148,21 +156,29 @@ def main() -> int:
     ap.add_argument("--dtypes", default="fp16")
     ap.add_argument("--shapes", help="comma-separated NxCxHxW of SHAPES to keep (default: all)")
     ap.add_argument("--json")
+    ap.add_argument("--natural-only", action="store_true", help="only auto, 2-pass and the natural plan")
     ap.add_argument("--stagger", default="", help="comma-separated NS[:PHASES] team staggers to time too")
     args = ap.parse_args()
     try:
         staggers = [ops._parse_stagger(v) for v in args.stagger.split(",") if v]
     except ValueError as exc:
         ap.error(str(exc))
-    keep = set(args.shapes.split(",")) if args.shapes else None
-    shapes = [s for s in SHAPES if keep is None or "x".join(map(str, s[0])) in keep]
-    if not shapes:
-        ap.error(f"--shapes {args.shapes!r} keeps none of {['x'.join(map(str, s[0])) for s in SHAPES]}")
+    shapes = list(SHAPES)
+    if args.shapes:
+        known = {"x".join(map(str, s[0])): s for s in SHAPES}
+        shapes = []
+        for spec in args.shapes.split(","):
+            dims, _, groups = spec.partition(":")
+            try:
+                case = known.get(spec) or (tuple(int(d) for d in dims.split("x")), int(groups or 32), None)
+            except ValueError:
+                ap.error(f"--shapes: {spec!r} is not NxCxHxW[:G]")
+            shapes.append(case)
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
     rows, bad = [], 0
     for dname in args.dtypes.split(","):
         for shape, groups, act in shapes:
-            r, b = sweep(shape, groups, act, dname, timer, staggers)
+            r, b = sweep(shape, groups, act, dname, timer, staggers, args.natural_only)
             rows += r
             bad += b
             torch.cuda.empty_cache()
