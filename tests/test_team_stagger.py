@@ -97,3 +97,43 @@ def test_the_setting_is_part_of_the_cached_launch() -> None:
 def test_the_block_checks_its_arguments(ns, phases, error) -> None:
     with pytest.raises(error), ops.team_stagger(ns, phases):
         pass
+
+
+def test_auto_takes_the_one_launch_where_the_teams_fit() -> None:
+    fits = schedule.task_tiling(128, 32, 256 * 256, 2, "fwd", batch=32)  # 4 teams x 8 rounds, re-reads
+    on_chip = schedule.task_tiling(512, 32, 128 * 128, 2, "fwd", batch=8)  # 4 x 8, keeps every chunk
+    two_teams = schedule.task_tiling(128, 32, 256 * 256, 2, "fwd", batch=16)  # 2 teams of 128
+    assert schedule.stagger_fits(schedule.choose_teams(fits, 264, 6))
+    assert schedule.choose_task_schedule(fits, 264, 6) == 2
+    assert schedule.choose_task_schedule(fits, 264, 6, staggered=True) == 1
+    for t in (on_chip, two_teams):
+        assert not schedule.stagger_fits(schedule.choose_teams(t, 264, 6))
+        assert schedule.choose_task_schedule(t, 264, 6, staggered=True) == 2
+    bwd = schedule.task_tiling(128, 32, 256 * 256, 2, "bwd", batch=32)
+    assert schedule.choose_task_schedule(bwd, 264, 3, backward_onepass=True, staggered=True) == 2
+    p = schedule.make_task_plan(fits, 1, 6, 264)
+    ns, phases = schedule.team_stagger(p, "auto")
+    # a third of a round: 4 teams x 64 members x (2 x 16 + 10) chunks of 16 KiB at 4.25 TB/s
+    assert phases == 2 and ns == round(4 * 64 * 42 * 16384 / 4250 / 3) == schedule.auto_stagger_ns(p)
+    assert schedule.team_stagger(schedule.make_task_plan(on_chip, 1, 6, 264), "auto") == (0, 0)
+
+
+def test_auto_in_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.empty(LARGE, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+
+    def auto_launch() -> ops._Launch:
+        with host_overhead.cpu_device(ArchStub(900)):
+            return ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 0, None)
+
+    assert auto_launch().plan.schedule == 2  # off: two launches
+    with ops.team_stagger("auto"):
+        launch = auto_launch()
+    a = _abi.GnArgs.from_buffer_copy(launch.args)
+    assert launch.plan.schedule == 1 and (a.stagger_ns, a.stagger_phases) == (
+        schedule.auto_stagger_ns(launch.plan),
+        2,
+    )
+    monkeypatch.setenv(ops.ENV_STAGGER, "auto:3")
+    assert ops.team_stagger_setting() == ("auto", 3)
+    a = _abi.GnArgs.from_buffer_copy(auto_launch().args)
+    assert a.stagger_phases == 3 and a.stagger_ns > 0

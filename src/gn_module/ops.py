@@ -255,20 +255,23 @@ def _parse_stagger(raw: str | bytes | None) -> tuple[int, int]:
         return 0, 2
     ns, _, phases = raw.partition(":")
     try:
-        value = int(ns), int(phases) if phases else 2
+        value = ns if ns == "auto" else int(ns), int(phases) if phases else 2
     except ValueError:
-        raise ValueError(f"{ENV_STAGGER} must be NS or NS:PHASES (integers), got {raw!r}") from None
-    if value[0] < 0 or value[1] < 1:
+        raise ValueError(f"{ENV_STAGGER} must be NS, auto, NS:PHASES or auto:PHASES, got {raw!r}") from None
+    if (value[0] != "auto" and value[0] < 0) or value[1] < 1:  # type: ignore[operator]
         raise ValueError(f"{ENV_STAGGER} needs NS >= 0 and PHASES >= 1, got {raw!r}")
-    return value
+    return value  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
-def team_stagger(ns: int, phases: int = 2) -> Iterator[None]:
+def team_stagger(ns: int | str, phases: int = 2) -> Iterator[None]:
     """Inside the block, team j of a one-launch forward that runs several teams for several rounds starts
     (j % phases) * ns nanoseconds late (schedule.team_stagger), whatever GN_TEAM_STAGGER says; ns=0
-    turns it off. Same bits either way."""
+    turns it off. ns="auto": passes="auto" also takes the one launch where its teams fit
+    schedule.stagger_fits, staggered by schedule.auto_stagger_ns. Same bits either way."""
     for name, value, low in (("ns", ns, 0), ("phases", phases, 1)):
+        if name == "ns" and value == "auto":
+            continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < low:
@@ -282,7 +285,7 @@ def team_stagger(ns: int, phases: int = 2) -> Iterator[None]:
             _stagger_stack.pop()
 
 
-def team_stagger_setting() -> tuple[int, int]:
+def team_stagger_setting() -> tuple[int | str, int]:
     """(ns, phases) asked for: the innermost `team_stagger` block, else GN_TEAM_STAGGER, else (0, 2)."""
     if _stagger_stack:
         return _stagger_stack[-1]
@@ -533,7 +536,10 @@ def task_plan(
     chosen = schedule_
     if chosen == "auto":
         blocks = residency if cap is None else min(residency, cap)
-        chosen = schedule.choose_task_schedule(t, blocks, slots, backward_onepass=onepass_bwd)
+        staggered = direction == "fwd" and team_stagger_setting()[0] == "auto"
+        chosen = schedule.choose_task_schedule(
+            t, blocks, slots, backward_onepass=onepass_bwd, staggered=staggered
+        )
     chosen = int(chosen)
     if chosen == 1 and residency < 1:
         raise RuntimeError(f"gn_module: the one-pass task kernel cannot run C={c} {name} on this device")

@@ -645,7 +645,42 @@ def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
     return best[1]
 
 
-def choose_task_schedule(t: TaskTiling, blocks: int, slots: int, backward_onepass: bool = False) -> int:
+#: The team stagger's automatic setting (ops.team_stagger("auto"), opt-in): the plans whose one launch,
+#: staggered, beat the two launches in session 20's sweep (RESULTS.md: 32x128x256x256 381-402 us against
+#: 418, 64x128x128x128 201-206 against 211, 32x256x128x128 192-198 against 204; not where a plan had 2
+#: teams or kept every chunk on chip, e.g. 16x128x256x256, 8x512x128x128), and a stagger of a third of
+#: a round at copy speed (the sweep's best was 6-16 us, a quarter to a half of a round).
+STAGGER_MIN_TEAMS = 4
+STAGGER_MIN_ROUNDS = 4
+STAGGER_ROUND_FRACTION = 1 / 3
+#: H200 copy bandwidth (read + write, bytes per ns): only the stagger's scale, where a slower GPU's
+#: rounds take longer and its stagger stays shorter than a third of one.
+STAGGER_COPY_BYTES_PER_NS = 4250
+
+
+def stagger_fits(teams: TaskTeams) -> bool:
+    """Whether a one-launch forward of these teams takes the automatic team stagger: enough teams to take
+    turns and enough rounds to settle, and members that read chunks again (the staggered plans that kept
+    everything on chip lost to the two launches)."""
+    return (
+        teams.teams >= STAGGER_MIN_TEAMS and teams.rounds >= STAGGER_MIN_ROUNDS and teams.overflow_chunks > 0
+    )
+
+
+def auto_stagger_ns(p: TaskPlan) -> int:
+    """The automatic stagger of plan `p`: STAGGER_ROUND_FRACTION of a round's traffic (every member reads
+    its chunks, re-reads its overflow and writes) at STAGGER_COPY_BYTES_PER_NS."""
+    tm = p.teams
+    if tm is None:
+        return 0
+    chunk_traffic = 2 * tm.chunks_per_member + tm.overflow_chunks
+    round_bytes = tm.teams * tm.team_size * chunk_traffic * p.tiling.chunk_bytes
+    return max(1, round(STAGGER_ROUND_FRACTION * round_bytes / STAGGER_COPY_BYTES_PER_NS))
+
+
+def choose_task_schedule(
+    t: TaskTiling, blocks: int, slots: int, backward_onepass: bool = False, staggered: bool = False
+) -> int:
     """passes="auto" for the task kernels with `blocks` resident one-pass blocks: one launch when the
     whole tensor fits on chip at once (one round per team, nothing read twice), else two launches.
 
@@ -656,10 +691,14 @@ def choose_task_schedule(t: TaskTiling, blocks: int, slots: int, backward_onepas
     its one-pass kernel passes the GPU suite, but with dependent launches the two launches are 1-2.7 us
     faster on the small shapes (RESULTS.md session 18: 2x1280x16x16 22.5 against 25.0 us); only
     1x512x128x128 is faster in one launch (39.5 against 40.7 us).
+    `staggered` (the forward under ops.team_stagger("auto")): also one launch where its teams take the
+    automatic stagger (`stagger_fits`).
     """
     if blocks < 1 or (t.direction == "bwd" and not backward_onepass):  # its one-pass kernel is opt-in
         return 2
     teams = choose_teams(t, blocks, slots)
+    if staggered and t.direction == "fwd" and stagger_fits(teams):
+        return 1
     return 1 if teams.rounds == 1 and teams.overflow_chunks == 0 else 2
 
 
@@ -798,15 +837,19 @@ def cluster_teams_fit(p: TaskPlan) -> bool:
     )
 
 
-def team_stagger(p: TaskPlan, ns: int, phases: int = 2) -> tuple[int, int]:
+def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]:
     """(stagger_ns, stagger_phases) of GnArgs for plan `p` when a team stagger of `ns` nanoseconds in
     `phases` phases is asked for (ops.team_stagger): team j of the one-launch forward starts its first
-    task (j % phases) * ns late. Only a plan of several teams that each run several rounds has teams
-    that can take turns; any other plan gets (0, 0). The tiles, their order and so the bits are the
-    same either way. (Session 20, H200: 32x128x256x256 in 8 teams of 33 at 16 us in 2 phases, 388 us
-    against 416 us unstaggered and 420 us for the two launches; benchmarks/RESULTS.md.)"""
+    task (j % phases) * ns late. ns="auto": `auto_stagger_ns` where the teams fit `stagger_fits`, else
+    none. Only a plan of several teams that each run several rounds has teams that can take turns; any
+    other plan gets (0, 0). The tiles, their order and so the bits are the same either way. (Session 20,
+    H200: 32x128x256x256 in 4 teams of 64 at 16 us in 2 phases, 381-386 us against 410-414 unstaggered
+    and 418-420 us for the two launches; benchmarks/RESULTS.md.)"""
+    if ns == "auto":
+        auto = p.teams is not None and stagger_fits(p.teams)
+        ns = auto_stagger_ns(p) if auto else 0
     if not isinstance(ns, int) or not isinstance(phases, int) or ns < 0 or phases < 1:
-        raise ValueError(f"a team stagger needs ns >= 0 and phases >= 1, got {ns!r} and {phases!r}")
+        raise ValueError(f"a team stagger needs ns >= 0 or 'auto' and phases >= 1, got {ns!r} and {phases!r}")
     teams = p.teams
     staggered = (
         ns > 0
