@@ -103,10 +103,11 @@ def test_auto_takes_the_one_launch_where_the_teams_fit() -> None:
     fits = schedule.task_tiling(128, 32, 256 * 256, 2, "fwd", batch=32)  # 4 teams x 8 rounds, re-reads
     on_chip = schedule.task_tiling(512, 32, 128 * 128, 2, "fwd", batch=8)  # 4 x 8, keeps every chunk
     two_teams = schedule.task_tiling(128, 32, 256 * 256, 2, "fwd", batch=16)  # 2 teams of 128
+    few_rereads = schedule.task_tiling(256, 32, 128 * 256, 2, "fwd", batch=16)  # 4 teams re-reading 2 chunks
     assert schedule.stagger_fits(schedule.choose_teams(fits, 264, 6))
     assert schedule.choose_task_schedule(fits, 264, 6) == 2
     assert schedule.choose_task_schedule(fits, 264, 6, staggered=True) == 1
-    for t in (on_chip, two_teams):
+    for t in (on_chip, two_teams, few_rereads):
         assert not schedule.stagger_fits(schedule.choose_teams(t, 264, 6))
         assert schedule.choose_task_schedule(t, 264, 6, staggered=True) == 2
     bwd = schedule.task_tiling(128, 32, 256 * 256, 2, "bwd", batch=32)

@@ -652,6 +652,9 @@ def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
 #: a round at copy speed (the sweep's best was 6-16 us, a quarter to a half of a round).
 STAGGER_MIN_TEAMS = 4
 STAGGER_MIN_ROUNDS = 4
+#: Teams x chunks each member re-reads, at least: 4 teams re-reading 2 chunks each (16x256x128x256,
+#: 32x64x256x256 G16, 32x128x128x256) were as often slower as faster staggered (session 20, call 5).
+STAGGER_MIN_TEAM_REREADS = 16
 STAGGER_ROUND_FRACTION = 1 / 3
 #: H200 copy bandwidth (read + write, bytes per ns): only the stagger's scale, where a slower GPU's
 #: rounds take longer and its stagger stays shorter than a third of one.
@@ -660,10 +663,12 @@ STAGGER_COPY_BYTES_PER_NS = 4250
 
 def stagger_fits(teams: TaskTeams) -> bool:
     """Whether a one-launch forward of these teams takes the automatic team stagger: enough teams to take
-    turns and enough rounds to settle, and members that read chunks again (the staggered plans that kept
-    everything on chip lost to the two launches)."""
+    turns and enough rounds to settle, and members that read enough chunks again (the staggered plans
+    that kept everything on chip lost to the two launches)."""
     return (
-        teams.teams >= STAGGER_MIN_TEAMS and teams.rounds >= STAGGER_MIN_ROUNDS and teams.overflow_chunks > 0
+        teams.teams >= STAGGER_MIN_TEAMS
+        and teams.rounds >= STAGGER_MIN_ROUNDS
+        and teams.teams * teams.overflow_chunks >= STAGGER_MIN_TEAM_REREADS
     )
 
 
