@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -344,6 +345,39 @@ def test_gn_share_sums_the_device_events_and_our_own_kernels() -> None:
     assert cpu.device_ms == 0 and cpu.own_ms == 0
 
 
+def test_gn_share_counts_launch_calls_and_our_custom_ops() -> None:
+    # a compiled step's host side: Triton's driver launches, our ops (the backward nests the forward's
+    # name nowhere, but a custom op inside another counts once), and their launches
+    fwd = op("gn_module::group_norm_fwd", op("cudaLaunchCooperativeKernel", us=4.0), us=60.0)
+    bwd = op(
+        "gn_module::group_norm_bwd",
+        op("gn_module::group_norm_fwd", us=1.0),  # (nested: not a second call)
+        op("cudaLaunchKernelExC", us=5.0),
+        op("cudaLaunchKernel", us=4.0),
+        us=90.0,
+    )
+    events = flatten(op("cuLaunchKernel", us=3.0), fwd, op("cuLaunchKernel", us=3.0), bwd)
+    share = gs.gn_share(events, steps=2)
+    assert share.launch_calls == pytest.approx(5 / 2)
+    assert share.own_op_calls == 1 and share.own_op_host_ms == pytest.approx(0.075)
+    d = share.as_dict()
+    assert (d["launch_calls"], d["own_op_calls"], d["own_op_host_ms"]) == (2.5, 1, pytest.approx(0.075))
+    torch_only = gs.gn_share(step_events(), steps=1)
+    assert torch_only.own_op_calls == 0 and torch_only.own_op_host_ms == 0
+
+
+def test_host_submit_ms_times_the_issue_of_each_step() -> None:
+    calls = []
+
+    def step() -> None:
+        calls.append(1)
+        time.sleep(0.002)
+
+    ms = bm.host_submit_ms(step, 3, torch.device("cpu"))
+    assert len(calls) == 3 and 2.0 <= ms < 1000.0
+    assert bm.host_submit_ms(step, 0, torch.device("cpu")) >= 2.0 and len(calls) == 4  # at least one
+
+
 def test_gn_share_without_groupnorm_is_zero() -> None:
     share = gs.gn_share(flatten(op("aten::conv2d", kernels=(("conv", 5.0),))), steps=3)
     assert share.total_ms == 0 and share.forward_calls == 0
@@ -586,6 +620,7 @@ def test_cli_tiny_cpu_rows(tmp_path: Path) -> None:
         assert r["saved_ms"] == pytest.approx(r["baseline_ms"] - r["swapped_ms"])
         assert r["saved_over_gn"] == pytest.approx(r["saved_ms"] / r["gn_ms"])
         assert r["gn_share"] == pytest.approx(r["gn_ms"] / r["baseline_ms"])
+        assert set(r["host_ms"]) == {r["baseline_layout"], "swapped"} and min(r["host_ms"].values()) > 0
         # Same seed, same batch: the first step's loss is the same in every configuration.
         losses = [m["first_loss"] for m in r["measurements"].values()]
         assert max(losses) == pytest.approx(min(losses), rel=1e-2 if r["precision"] == "bf16" else 1e-5)
@@ -634,6 +669,10 @@ def test_cli_fuse_calls_and_compile(tmp_path: Path) -> None:
     assert row["swapped_profile"] is not None and row["baseline_device_ms"] is not None
     assert "| GPU busy ms baseline/swapped |" in md
     assert [c["target"] for c in data["criteria"]] == ["speedup", "peak memory swapped / baseline"]
+    # and the host's time to issue each configuration's compiled step
+    assert set(row["host_ms"]) == {"channels_last", "contiguous", "swapped"}
+    assert all(v > 0 for v in row["host_ms"].values())
+    assert "| host issue ms baseline/swapped | launch calls baseline/swapped |" in md
 
 
 def test_unavailable_model_is_skipped_with_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,6 +46,20 @@ GN_KERNEL_NAME = re.compile(
 #: gn_module's own kernels (namespace gn): the swapped step's GroupNorm, launched outside any aten op.
 OWN_KERNEL_NAME = re.compile(r"(^|[\s:(<])gn::|_ZN2gn")
 
+#: The host side of a step: CUDA launch calls (runtime and driver API, as the profiler names them; Triton
+#: launches through the driver) and gn_module's custom ops (what a torch.compile graph calls per GroupNorm).
+LAUNCH_CALLS = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaLaunchCooperativeKernel",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cudaGraphLaunch",
+    }
+)
+OWN_OPS = frozenset({"gn_module::group_norm_fwd", "gn_module::group_norm_bwd"})
+
 DEVICE_SOURCE = "cuda kernels"  # device time of the kernels launched inside GroupNorm ops
 CPU_SOURCE = "cpu ops"  # no kernels (CPU runs): the GroupNorm ops' own CPU time, children included
 TOP_KERNELS = 8
@@ -99,6 +113,11 @@ class GnShare:
     device_ms: float = 0.0
     own_ms: float = 0.0
     own_launches: float = 0.0
+    # The host side, per step: CUDA launch calls (LAUNCH_CALLS), and the calls of gn_module's custom ops
+    # (OWN_OPS, outermost) with their CPU time, children included (under the profiler, so inflated).
+    launch_calls: float = 0.0
+    own_op_calls: float = 0.0
+    own_op_host_ms: float = 0.0
 
     @property
     def total_ms(self) -> float:
@@ -120,16 +139,23 @@ class GnShare:
             "device_ms": self.device_ms,
             "own_ms": self.own_ms,
             "own_launches": self.own_launches,
+            "launch_calls": self.launch_calls,
+            "own_op_calls": self.own_op_calls,
+            "own_op_host_ms": self.own_op_host_ms,
         }
 
 
-def _inside_gn(event: OpEvent) -> bool:
+def _inside(event: OpEvent, names: frozenset[str]) -> bool:
     parent = event.cpu_parent
     while parent is not None:
-        if parent.name in GN_OPS:
+        if parent.name in names:
             return True
         parent = parent.cpu_parent
     return False
+
+
+def _inside_gn(event: OpEvent) -> bool:
+    return _inside(event, GN_OPS)
 
 
 def gn_roots(events: Iterable[OpEvent]) -> list[OpEvent]:
@@ -180,6 +206,7 @@ def gn_share(events: Iterable[OpEvent], steps: int, source: str = DEVICE_SOURCE)
     per_step = 1e-3 / steps  # microseconds in total -> milliseconds per step
     device = [(e.name, _device_us(e)) for e in events if _is_device_event(e)]
     own = [us for name, us in device if OWN_KERNEL_NAME.search(name)]
+    own_ops = [e for e in events if e.name in OWN_OPS and not _inside(e, OWN_OPS)]
     return GnShare(
         source=source,
         steps=steps,
@@ -193,6 +220,9 @@ def gn_share(events: Iterable[OpEvent], steps: int, source: str = DEVICE_SOURCE)
         device_ms=sum(us for _, us in device) * per_step,
         own_ms=sum(own) * per_step,
         own_launches=len(own) / steps,
+        launch_calls=sum(e.name in LAUNCH_CALLS for e in events) / steps,
+        own_op_calls=len(own_ops) / steps,
+        own_op_host_ms=sum(e.cpu_time_total for e in own_ops) * per_step,
     )
 
 

@@ -145,6 +145,8 @@ class Row:
     gn_swapped: GnShare | None = None
     # compile rows (--profile-gn): each configuration's compiled step profiled, for its GPU busy time
     busy: dict[str, GnShare] = field(default_factory=dict)
+    # (--profile-gn) the host's time to issue one step, per configuration (`host_submit_ms`)
+    host_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def baseline_busy(self) -> GnShare | None:
@@ -258,6 +260,7 @@ class Row:
             "swapped_device_ms": self.gn_swapped.device_ms if self.gn_swapped else None,
             "ours_gn_ms": self.gn_swapped.own_ms if self.gn_swapped else None,
             "swapped_profile": self.gn_swapped.as_dict() if self.gn_swapped else None,
+            "host_ms": dict(self.host_ms),
             "errors": self.errors,
             "measurements": {k: asdict(m) for k, m in self.measurements.items()},
         }
@@ -291,6 +294,21 @@ def time_steps(step: Callable[[], object], n: int, device: torch.device) -> list
         step()
         times.append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def host_submit_ms(step: Callable[[], object], n: int, device: torch.device) -> float:
+    """The host's time to issue one step: the median over ``n`` steps of the wall time from an idle GPU
+    (synchronized) until ``step`` returns, before its kernels finish. A step that takes longer than its
+    GPU busy time and about this long waits on the host. (A step that fills the launch queue or
+    synchronizes inside would wait on the GPU here too; the training steps do neither.)"""
+    times = []
+    for _ in range(max(1, n)):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    _sync(device)
+    return statistics.median(times)
 
 
 def _quartiles(values: Sequence[float]) -> tuple[float, float]:
@@ -530,6 +548,7 @@ def run_row(
                 if settings.profile_gn and t.step is not None:  # GPU busy: does the step wait on the host?
                     try:
                         row.busy[config] = profile_gn(t.step, settings.profile_gn, device)
+                        row.host_ms[config] = host_submit_ms(t.step, settings.profile_gn, device)
                     except Exception as exc:
                         row.gn_error = f"{config} step: {_error_text(exc)}"
                 done(t)
@@ -558,6 +577,8 @@ def run_row(
         if row.gn is not None and steps.get(SWAPPED) is not None:
             try:
                 row.gn_swapped = profile_gn(steps[SWAPPED], settings.profile_gn, device)
+                for config in (layout, SWAPPED):
+                    row.host_ms[config] = host_submit_ms(steps[config], settings.profile_gn, device)
                 log(f"{spec.name:24} {precision} {mode:7} {'GPU busy':13} {_busy_text(row)}")
             except Exception as exc:
                 row.gn_error = f"swapped step: {_error_text(exc)}"
@@ -570,10 +591,26 @@ def _busy_text(row: Row) -> str:
     base, ours = row.baseline_busy, row.gn_swapped
     assert base is not None and ours is not None
     torch_gn = f" (torch's GroupNorm {base.total_ms:.2f})" if row.gn is not None else ""
-    return (
+    text = (
         f"baseline {base.device_ms:.2f} ms of device time per step{torch_gn}, "
         f"swapped {ours.device_ms:.2f} ms (gn_module's kernels {ours.own_ms:.2f} ms, "
         f"{ours.own_launches:g} launches)"
+    )
+    host = _host_text(row)
+    return f"{text}; {host}" if host else text
+
+
+def _host_text(row: Row) -> str:
+    """The host side: each step's issue time, launch calls, and the custom ops' calls and CPU time."""
+    base, ours = row.baseline_busy, row.gn_swapped
+    layout = row.baseline_layout
+    if base is None or ours is None or layout not in row.host_ms or SWAPPED not in row.host_ms:
+        return ""
+    ops = f", {ours.own_op_calls:g} custom op calls {ours.own_op_host_ms:.2f} ms" if ours.own_op_calls else ""
+    return (
+        f"host issues the baseline step in {row.host_ms[layout]:.2f} ms "
+        f"({base.launch_calls:g} launch calls), the swapped in {row.host_ms[SWAPPED]:.2f} ms "
+        f"({ours.launch_calls:g}{ops})"
     )
 
 
@@ -692,6 +729,7 @@ def _profiled(rows: Sequence[Row]) -> bool:
 def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     compiled = any(r.compiled for r in rows)
     profiled = _profiled(rows)
+    hosted = any(r.host_ms for r in rows)
     gn_free = any(GN_FREE in r.measurements for r in rows)
     header = [
         "model",
@@ -708,6 +746,8 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     if profiled:
         header += ["GN ms", "GN share", "saved ms", "saved/GN", "ours GN ms", "GPU busy ms baseline/swapped"]
         header += ["GPU-busy speedup"]
+    if hosted:
+        header += ["host issue ms baseline/swapped", "launch calls baseline/swapped"]
     header += ["peak MiB baseline", "peak MiB swapped", "swapped/fused"]
     if compiled:
         header += ["compile s baseline", "compile s swapped"]
@@ -749,6 +789,14 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
                 "-"
                 if r.busy_speedup is None
                 else f"{r.busy_speedup:.2f}x" + (" host-bound" * bool(r.host_bound)),
+            ]
+        if hosted:
+            base_host = r.host_ms.get(layout) if layout else None
+            ours_host = r.host_ms.get(SWAPPED)
+            base_busy, ours_busy = r.baseline_busy, r.gn_swapped
+            cells += [
+                f"{_ms(base_host)}/{_ms(ours_host)}" if base_host or ours_host else "-",
+                f"{base_busy.launch_calls:g}/{ours_busy.launch_calls:g}" if base_busy and ours_busy else "-",
             ]
         cells += [
             _mib(base.peak_mib if base else None),
