@@ -5,6 +5,9 @@ unstaggered and to the two launches, every tile in the launch record; and the de
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,6 +15,14 @@ import gn_module
 from gn_module import ops, reference, schedule
 
 from .test_kernels import check_against_reference, make_case, run, shape_id
+
+# the team sizes forced as scripts/l2_team_sweep.py forces them (one definition of a forced plan)
+_spec = importlib.util.spec_from_file_location(
+    "l2_team_sweep", Path(__file__).resolve().parents[2] / "scripts" / "l2_team_sweep.py"
+)
+_sweep = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(_sweep)  # type: ignore[union-attr]
+forced_teams = _sweep.forced_teams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -22,18 +33,6 @@ CASES = [
     ((6, 96, 20, 20), 8, 5, 3),  # fp16 C=96: 3 teams in 2 phases, the third starts with the first
     ((4, 640, 4, 8, 8), 32, 3, 4),
 ]
-
-
-def forced_teams(m: int):
-    """A schedule.choose_teams that answers teams of m members (as many teams as the blocks allow)."""
-
-    def choose(t: schedule.TaskTiling, blocks: int, slots: int) -> schedule.TaskTeams:
-        size = max(1, min(m, t.tiles_per_task, blocks))
-        teams = min(blocks // size, t.tasks)
-        chunks = -(-t.tiles_per_task // size) * t.chunks_per_tile
-        return schedule.TaskTeams(size, teams, -(-t.tasks // teams), chunks, max(0, chunks - slots))
-
-    return choose
 
 
 @pytest.fixture(autouse=True)
