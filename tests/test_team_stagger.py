@@ -1,4 +1,4 @@
-"""The one-launch forward's team stagger (opt-in: ops.team_stagger / GN_TEAM_STAGGER) without a GPU:
+"""The one-launch forward's team stagger ("auto" by default; ops.team_stagger / GN_TEAM_STAGGER) without a GPU:
 which plans take it (schedule.team_stagger), how it is asked for, and that a launch carries it
 (GnArgs.stagger_ns, stagger_phases). Its bits and its delay are checked on a GPU in
 tests/gpu/test_team_stagger.py."""
@@ -54,8 +54,15 @@ def test_schedule_rejects_bad_values(ns, phases) -> None:
         schedule.team_stagger(schedule.make_task_plan(t, 1, 6, 264), ns, phases)
 
 
-def test_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ops.team_stagger_setting() == (0, 2) and fields() == (0, 0)
+def test_auto_unless_asked_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    default = fields()
+    assert ops.team_stagger_setting() == ("auto", 2) and default[0] > 0 and default[1] == 2
+    with ops.team_stagger("auto"):
+        assert fields() == default
+    for off in ("0", "off", "0:4"):
+        monkeypatch.setenv(ops.ENV_STAGGER, off)
+        assert ops.team_stagger_setting()[0] == 0 and fields() == (0, 0)
+    monkeypatch.delenv(ops.ENV_STAGGER)
     with ops.team_stagger(16000):
         assert fields() == (16000, 2)
         assert fields(passes=2) == (0, 0)
@@ -126,9 +133,9 @@ def test_auto_in_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
         with host_overhead.cpu_device(ArchStub(900)):
             return ops._launch("fwd", x, x.get_device(), True, 32, 1e-5, 0, 0, None)
 
-    assert auto_launch().plan.schedule == 2  # off: two launches
-    with ops.team_stagger("auto"):
-        launch = auto_launch()
+    with ops.team_stagger(0):
+        assert auto_launch().plan.schedule == 2  # off: two launches
+    launch = auto_launch()  # (the default)
     a = _abi.GnArgs.from_buffer_copy(launch.args)
     assert launch.plan.schedule == 1 and (a.stagger_ns, a.stagger_phases) == (
         schedule.auto_stagger_ns(launch.plan),

@@ -238,8 +238,9 @@ def cluster_teams_enabled() -> bool:
     return _CLUSTER.enabled()
 
 
-#: Off by default (opt-in until measured across shapes and the GPU suite has run on it): the one-launch
-#: forward's team stagger, "NS" or "NS:PHASES" (schedule.team_stagger; ops.team_stagger overrides it).
+#: The one-launch forward's team stagger, "auto" (the default since session 21: schedule.stagger_fits,
+#: schedule.auto_stagger_ns), "NS" or "NS:PHASES", or "0"/"off" (schedule.team_stagger; ops.team_stagger
+#: overrides it).
 ENV_STAGGER = "GN_TEAM_STAGGER"
 _stagger_stack: list[tuple[int, int]] = []
 
@@ -248,16 +249,18 @@ _RAW_STAGGER = _ENV.encodekey(ENV_STAGGER) if _ENV_DATA is not None else ""
 _stagger_values: dict = {}
 
 
-def _parse_stagger(raw: str | bytes | None) -> tuple[int, int]:
+def _parse_stagger(raw: str | bytes | None) -> tuple[int | str, int]:
     if isinstance(raw, bytes):
         raw = raw.decode()
     if not raw:
+        return "auto", 2
+    if raw == "off":
         return 0, 2
     ns, _, phases = raw.partition(":")
     try:
         value = ns if ns == "auto" else int(ns), int(phases) if phases else 2
     except ValueError:
-        raise ValueError(f"{ENV_STAGGER} must be NS, auto, NS:PHASES or auto:PHASES, got {raw!r}") from None
+        raise ValueError(f"{ENV_STAGGER} must be NS, auto, NS:PHASES, auto:PHASES or off, got {raw!r}") from None
     if (value[0] != "auto" and value[0] < 0) or value[1] < 1:  # type: ignore[operator]
         raise ValueError(f"{ENV_STAGGER} needs NS >= 0 and PHASES >= 1, got {raw!r}")
     return value  # type: ignore[return-value]
@@ -286,7 +289,7 @@ def team_stagger(ns: int | str, phases: int = 2) -> Iterator[None]:
 
 
 def team_stagger_setting() -> tuple[int | str, int]:
-    """(ns, phases) asked for: the innermost `team_stagger` block, else GN_TEAM_STAGGER, else (0, 2)."""
+    """(ns, phases) asked for: the innermost `team_stagger` block, else GN_TEAM_STAGGER, else ("auto", 2)."""
     if _stagger_stack:
         return _stagger_stack[-1]
     env = os.environ

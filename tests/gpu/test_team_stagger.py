@@ -1,4 +1,4 @@
-"""GPU tests of the one-launch forward's team stagger (opt-in: ops.team_stagger, GN_TEAM_STAGGER): team j
+"""GPU tests of the one-launch forward's team stagger ("auto" by default; ops.team_stagger, GN_TEAM_STAGGER): team j
 starts its first task (j % phases) x ns late. Forced multi-team, multi-round plans (some with overflow
 chunks re-read from global memory) against the fp64 reference with poisoned outputs, bitwise equal
 unstaggered and to the two launches, every tile in the launch record; and the delay reaches the kernel."""
@@ -80,7 +80,8 @@ def test_the_delay_reaches_the_kernel(monkeypatch):
         return start.elapsed_time(end)
 
     with ops.max_resident_blocks(32):
-        plain = elapsed_ms()
+        with ops.team_stagger(0):
+            plain = elapsed_ms()
         with ops.team_stagger(3_000_000):
             late = elapsed_ms()
     assert late >= 3.0 > plain, (late, plain)
@@ -93,8 +94,9 @@ def test_auto_takes_the_staggered_one_launch_where_it_fits(dtype):
     one = ops.plan(x.shape, 32, x.dtype, "fwd", 1)
     if not schedule.stagger_fits(one.teams):
         pytest.skip(f"this GPU's one-launch teams take no automatic stagger: {one.teams}")
-    assert ops.plan(x.shape, 32, x.dtype, "fwd", "auto").schedule == 2  # (unstaggered: two launches)
-    with ops.team_stagger("auto"):
+    with ops.team_stagger(0):
+        assert ops.plan(x.shape, 32, x.dtype, "fwd", "auto").schedule == 2  # (unstaggered: two launches)
+    with ops.team_stagger("auto"):  # (the default, unless GN_TEAM_STAGGER says otherwise)
         staggered = ops.plan(x.shape, 32, x.dtype, "fwd", "auto")
         assert staggered == one and schedule.team_stagger(staggered, "auto")[0] > 0
         with torch.no_grad(), ops.launch_record() as rec:
