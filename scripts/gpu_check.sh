@@ -58,7 +58,7 @@ if [ -d benchmarks ] && [ -z "${GN_SKIP_BENCH:-}" ]; then
     grep -E "machine_info|passed|failed|error" "$out/bench.log" | tail -n 5 | tee -a "$out/summary.txt"
     [ "$bench_rc" -eq 0 ] || status=1
     step "regression gate (ours only, ${GN_GATE_THRESHOLD:-10} %)"
-    python3 -m gn_module.bench gate --baseline "$baseline" --run "$out/bench.json" \
+    python3 -m gn_module.bench gate --storage "$storage" --run "$out/bench.json" \
       --threshold "${GN_GATE_THRESHOLD:-10}" 2>&1 | tee "$out/gate.txt" | tee -a "$out/summary.txt"
     gate_rc=${PIPESTATUS[0]}
     # the flagged rows (their pytest ids end the gate's report) timed once more: one burst of slow rounds
@@ -69,7 +69,7 @@ if [ -d benchmarks ] && [ -z "${GN_SKIP_BENCH:-}" ]; then
       GN_BENCH_REPS=${GN_BENCH_REPS:-30} GN_BENCH_MAX_SECONDS=${GN_BENCH_MAX_SECONDS:-0.15} \
         python3 -m pytest "${flagged[@]}" -q -p no:cacheprovider --benchmark-json="$out/recheck.json" \
         --benchmark-columns=median,iqr,min,max,rounds >"$out/recheck.log" 2>&1
-      python3 -m gn_module.bench gate --baseline "$baseline" --run "$out/bench.json" --recheck "$out/recheck.json" \
+      python3 -m gn_module.bench gate --storage "$storage" --run "$out/bench.json" --recheck "$out/recheck.json" \
         --threshold "${GN_GATE_THRESHOLD:-10}" 2>&1 | tee "$out/gate.txt" | tee -a "$out/summary.txt"
       gate_rc=${PIPESTATUS[0]}
     fi

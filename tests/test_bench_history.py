@@ -268,6 +268,31 @@ def test_gate_cli_exit_status_and_default_baseline(tmp_path: Path) -> None:
     assert empty.returncode == 2 and "does not exist" in empty.stderr
 
 
+def test_a_partial_run_leaves_the_other_benchmarks_gated(tmp_path: Path) -> None:
+    # run 2 timed the forward only (-k fwd): the backward's baseline stays run 1's, and a slower backward
+    # in run 3 still fails the default gate
+    bwd = ("1x8x4x4-G2", "fp16", "bwd", "ours-auto")
+    fwd_only = {k: v * 0.95 for k, v in BASE.items() if k[2] == "fwd"}
+    base, partial, slower = write_runs(
+        tmp_path,
+        saved_json(BASE, "aaa", "2026-11-30T07:00:00"),
+        saved_json(fwd_only, "bbb", "2026-11-30T08:00:00"),
+        saved_json({**BASE, bwd: 1000.0}, "ccc", "2026-11-30T09:00:00"),
+    )
+    merged = history.newest_per_benchmark(tmp_path, exclude=[slower])
+    assert merged.entries[bwd].median_us == 500.0 and merged.entries[
+        (*bwd[:2], "fwd", "ours-auto")
+    ].median_us == pytest.approx(190.0)
+    assert [n for _, n in merged.parts] == [5, 1] and "newest run per benchmark: bbb" in merged.label
+    assert history.newest_per_benchmark(tmp_path).entries == history.load_run(slower).entries  # a full run
+    proc = run_cli("gate", "--storage", f"file://{tmp_path}")  # run 3 against runs 2 and 1
+    assert proc.returncode == 1 and "REGRESSION: 1 of our medians" in proc.stdout, proc.stdout + proc.stderr
+    assert "ours: 3 compared" in proc.stdout and "(5), aaa" in proc.stdout
+    # against run 2 alone, the backward would not have been compared
+    assert bwd not in {c.key for c in history.gate(history.load_run(partial), history.load_run(slower)).ours}
+    assert history.load_run(base).parts == ()
+
+
 def test_a_recheck_clears_a_burst_and_keeps_a_real_regression(tmp_path: Path) -> None:
     key = ("1x8x4x4-G2", "fp16", "bwd", "ours-auto")
     base, run, calm, still = write_runs(

@@ -260,7 +260,8 @@ def _parse_stagger(raw: str | bytes | None) -> tuple[int | str, int]:
     try:
         value = ns if ns == "auto" else int(ns), int(phases) if phases else 2
     except ValueError:
-        raise ValueError(f"{ENV_STAGGER} must be NS, auto, NS:PHASES, auto:PHASES or off, got {raw!r}") from None
+        choices = "NS, auto, NS:PHASES, auto:PHASES or off"
+        raise ValueError(f"{ENV_STAGGER} must be {choices}, got {raw!r}") from None
     if (value[0] != "auto" and value[0] < 0) or value[1] < 1:  # type: ignore[operator]
         raise ValueError(f"{ENV_STAGGER} needs NS >= 0 and PHASES >= 1, got {raw!r}")
     return value  # type: ignore[return-value]

@@ -1,7 +1,8 @@
-"""GPU tests of the one-launch forward's team stagger ("auto" by default; ops.team_stagger, GN_TEAM_STAGGER): team j
-starts its first task (j % phases) x ns late. Forced multi-team, multi-round plans (some with overflow
-chunks re-read from global memory) against the fp64 reference with poisoned outputs, bitwise equal
-unstaggered and to the two launches, every tile in the launch record; and the delay reaches the kernel."""
+"""GPU tests of the one-launch forward's team stagger ("auto" by default; ops.team_stagger,
+GN_TEAM_STAGGER): team j starts its first task (j % phases) x ns late. Forced multi-team, multi-round
+plans (some with overflow chunks re-read from global memory) against the fp64 reference with poisoned
+outputs, bitwise equal unstaggered and to the two launches, every tile in the launch record; and the
+delay reaches the kernel."""
 
 from __future__ import annotations
 

@@ -48,10 +48,15 @@ class SavedRun:
     dirty: bool
     machine_info: dict[str, Any]
     entries: dict[Key, Entry] = field(default_factory=dict)
+    #: a baseline merged from several runs (`newest_per_benchmark`): each run's label and entries taken
+    parts: tuple[tuple[str, int], ...] = ()
 
     @property
     def label(self) -> str:
-        return f"{self.commit[:8]}{'+' if self.dirty else ''} {self.datetime[:16].replace('T', ' ')}"
+        own = f"{self.commit[:8]}{'+' if self.dirty else ''} {self.datetime[:16].replace('T', ' ')}"
+        if len(self.parts) < 2:
+            return own
+        return "newest run per benchmark: " + ", ".join(f"{label} ({n})" for label, n in self.parts)
 
 
 def storage_path(storage: str | Path) -> Path:
@@ -113,6 +118,26 @@ def newest_run(storage: str | Path, *, exclude: Iterable[str | Path] = ()) -> Sa
     if not runs:
         raise ValueError(f"no saved benchmark run in {storage_path(storage)}")
     return runs[-1]
+
+
+def newest_per_benchmark(storage: str | Path, *, exclude: Iterable[str | Path] = ()) -> SavedRun:
+    """A baseline of each benchmark's newest saved time: the newest run, with the benchmarks it did not
+    time (a run of one direction, `-k fwd`) taken from the newest older run that has them. So a partial
+    run does not take the other benchmarks out of the next gate."""
+    excluded = {Path(p).resolve() for p in exclude}
+    runs = [r for r in load_runs(storage) if r.path.resolve() not in excluded]
+    if not runs:
+        raise ValueError(f"no saved benchmark run in {storage_path(storage)}")
+    newest = runs[-1]
+    merged = SavedRun(newest.path, newest.datetime, newest.commit, newest.dirty, newest.machine_info)
+    parts = []
+    for run in reversed(runs):
+        taken = {k: e for k, e in run.entries.items() if k not in merged.entries}
+        if taken:
+            merged.entries.update(taken)
+            parts.append((run.label, len(taken)))
+    merged.parts = tuple(parts)
+    return merged
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -4,10 +4,12 @@ history: every saved run under --storage, per (shape, dtype, direction): ours in
 SOL across runs (commit, date), with the speedup over the best torch.compile of the same run;
 --plot writes SOL over commits, one line per shape.
 
-gate: one run (a --benchmark-json file, or the newest saved run) against a baseline (default: the newest
-other saved run in --storage). Exit 1 when one of OUR medians is more than --threshold percent slower;
-eager, torch.compile and foreign implementations are reported but never fail the gate. --recheck: the
-flagged benchmarks timed again; one within the threshold there is reported as cleared, not failing.
+gate: one run (a --benchmark-json file, or the newest saved run) against a baseline (default: each
+benchmark's newest time among the other saved runs in --storage, so a partial run, e.g. -k fwd, leaves
+the other benchmarks gated against the run before it). Exit 1 when one of OUR medians is more than
+--threshold percent slower; eager, torch.compile and foreign implementations are reported but never
+fail the gate. --recheck: the flagged benchmarks timed again; one within the threshold there is
+reported as cleared, not failing.
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--newest", action="store_true", help="print only the path of the newest saved run")
     else:
         p.add_argument("--run", metavar="JSON", help="the run to judge (default: the newest saved run)")
-        p.add_argument("--baseline", metavar="JSON", help="the baseline (default: newest other saved run)")
+        p.add_argument(
+            "--baseline",
+            metavar="JSON",
+            help="the baseline (default: each benchmark's newest time in the other saved runs)",
+        )
         p.add_argument("--recheck", metavar="JSON", help="the flagged benchmarks timed again (optional)")
         p.add_argument(
             "--threshold",
@@ -71,7 +77,7 @@ def main(command: str, argv: Sequence[str]) -> int:
         baseline = (
             history.load_run(args.baseline)
             if args.baseline
-            else history.newest_run(args.storage, exclude=[current.path])
+            else history.newest_per_benchmark(args.storage, exclude=[current.path])
         )
         recheck = history.load_run(args.recheck) if args.recheck else None
         result = history.gate(baseline, current, args.threshold / 100, recheck=recheck)
