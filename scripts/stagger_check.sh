@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The team stagger's GPU checks in one call (benchmarks/RESULTS.md, session 20): time passes="auto" with
-# the stagger off and with GN_TEAM_STAGGER=auto, alternating, on shapes the automatic rule takes and on
-# controls it leaves alone; then its GPU tests, and (STAGGER_SUITE=1) the GPU suite and the plugin's task
-# cases with GN_TEAM_STAGGER=auto in force, which a default-on stagger needs first. Logs under OUT.
+# The team stagger's GPU checks in one call (benchmarks/RESULTS.md, sessions 20-21): time passes="auto"
+# with the stagger off (GN_TEAM_STAGGER=0) and with GN_TEAM_STAGGER=auto (the default since session 21),
+# alternating, on shapes the automatic rule takes and on controls it leaves alone; then its GPU tests, and
+# (STAGGER_SUITE=1) the GPU suite and the plugin's task cases with GN_TEAM_STAGGER=auto in force (what
+# made it the default). Logs under OUT.
 #   bash scripts/stagger_check.sh OUT
 # Environment: STAGGER_SHAPES (time_shapes.py specs, space-separated), STAGGER_ROUNDS (default 2),
 # STAGGER_DTYPES (default "fp16 bf16"), STAGGER_SUITE=1.
