@@ -112,22 +112,24 @@ def load_runs(storage: str | Path) -> list[SavedRun]:
     return sorted(runs, key=lambda r: (r.datetime, r.path.name))
 
 
-def newest_run(storage: str | Path, *, exclude: Iterable[str | Path] = ()) -> SavedRun:
+def _runs_but(storage: str | Path, exclude: Iterable[str | Path]) -> list[SavedRun]:
+    """The saved runs under `storage` other than `exclude`, oldest first; at least one."""
     excluded = {Path(p).resolve() for p in exclude}
     runs = [r for r in load_runs(storage) if r.path.resolve() not in excluded]
     if not runs:
         raise ValueError(f"no saved benchmark run in {storage_path(storage)}")
-    return runs[-1]
+    return runs
+
+
+def newest_run(storage: str | Path, *, exclude: Iterable[str | Path] = ()) -> SavedRun:
+    return _runs_but(storage, exclude)[-1]
 
 
 def newest_per_benchmark(storage: str | Path, *, exclude: Iterable[str | Path] = ()) -> SavedRun:
     """A baseline of each benchmark's newest saved time: the newest run, with the benchmarks it did not
     time (a run of one direction, `-k fwd`) taken from the newest older run that has them. So a partial
     run does not take the other benchmarks out of the next gate."""
-    excluded = {Path(p).resolve() for p in exclude}
-    runs = [r for r in load_runs(storage) if r.path.resolve() not in excluded]
-    if not runs:
-        raise ValueError(f"no saved benchmark run in {storage_path(storage)}")
+    runs = _runs_but(storage, exclude)
     newest = runs[-1]
     merged = SavedRun(newest.path, newest.datetime, newest.commit, newest.dirty, newest.machine_info)
     parts = []
