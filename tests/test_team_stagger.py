@@ -43,7 +43,9 @@ def test_only_plans_of_several_teams_and_rounds() -> None:
     single = schedule.make_task_plan(capped, 1, 6, 264, 32)
     assert single.teams.teams == 1 and schedule.team_stagger(single, 16000) == (0, 0)
     bwd = schedule.make_task_plan(schedule.task_tiling(128, 32, 256 * 256, 2, "bwd", batch=32), 1, 3, 264)
-    assert schedule.team_stagger(bwd, 16000) == (0, 0)
+    assert bwd.teams.teams > 1 and bwd.teams.rounds > 1
+    assert schedule.team_stagger(bwd, 16000) == (16000, 2)  # the one-launch backward's teams take turns too
+    assert schedule.team_stagger(schedule.make_task_plan(bwd.tiling, 2, 3, 264), 16000) == (0, 0)
     assert schedule.team_stagger(one, 2**40) == (2**31 - 1, 2)  # (an int32 field)
 
 
@@ -124,6 +126,15 @@ def test_auto_takes_the_one_launch_where_the_teams_fit() -> None:
     # a third of a round: 4 teams x 64 members x (2 x 16 + 10) chunks of 16 KiB at 4.25 TB/s
     assert phases == 2 and ns == round(4 * 64 * 42 * 16384 / 4250 / 3) == schedule.auto_stagger_ns(p)
     assert schedule.team_stagger(schedule.make_task_plan(on_chip, 1, 6, 264), "auto") == (0, 0)
+    # the backward's round moves x and dy in, dx out, and re-reads x and dy of its overflow chunks
+    wide_bwd = schedule.task_tiling(128, 32, 128 * 128, 2, "bwd", batch=64)
+    q = schedule.make_task_plan(wide_bwd, 1, 3, 264)
+    tm = q.teams
+    assert tm.teams == 4 and tm.rounds == 16 and tm.overflow_chunks > 0
+    traffic = 3 * tm.chunks_per_member + 2 * tm.overflow_chunks
+    assert schedule.auto_stagger_ns(q) == round(
+        tm.teams * tm.team_size * traffic * wide_bwd.chunk_bytes / schedule.STAGGER_COPY_BYTES_PER_NS / 3
+    )
 
 
 def test_auto_in_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:

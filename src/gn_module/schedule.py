@@ -675,11 +675,15 @@ def stagger_fits(teams: TaskTeams) -> bool:
 
 def auto_stagger_ns(p: TaskPlan) -> int:
     """The automatic stagger of plan `p`: STAGGER_ROUND_FRACTION of a round's traffic (every member reads
-    its chunks, re-reads its overflow and writes) at STAGGER_COPY_BYTES_PER_NS."""
+    its chunks, re-reads its overflow and writes; the backward reads x and dy) at
+    STAGGER_COPY_BYTES_PER_NS."""
     tm = p.teams
     if tm is None:
         return 0
-    chunk_traffic = 2 * tm.chunks_per_member + tm.overflow_chunks
+    if p.direction == "fwd":  # x read, y written, overflow x re-read
+        chunk_traffic = 2 * tm.chunks_per_member + tm.overflow_chunks
+    else:  # x and dy read, dx written, overflow x and dy re-read
+        chunk_traffic = 3 * tm.chunks_per_member + 2 * tm.overflow_chunks
     round_bytes = tm.teams * tm.team_size * chunk_traffic * p.tiling.chunk_bytes
     return max(1, round(STAGGER_ROUND_FRACTION * round_bytes / STAGGER_COPY_BYTES_PER_NS))
 
@@ -845,7 +849,7 @@ def cluster_teams_fit(p: TaskPlan) -> bool:
 
 def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]:
     """(stagger_ns, stagger_phases) of GnArgs for plan `p` when a team stagger of `ns` nanoseconds in
-    `phases` phases is asked for (ops.team_stagger): team j of the one-launch forward starts its first
+    `phases` phases is asked for (ops.team_stagger): team j of a one-launch plan starts its first
     task (j % phases) * ns late. ns="auto": `auto_stagger_ns` where the teams fit `stagger_fits`, else
     none. Only a plan of several teams that each run several rounds has teams that can take turns; any
     other plan gets (0, 0). The tiles, their order and so the bits are the same either way. (Session 20,
@@ -860,7 +864,6 @@ def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]
     staggered = (
         ns > 0
         and phases > 1
-        and p.direction == "fwd"
         and p.schedule == 1
         and teams is not None
         and teams.teams > 1
