@@ -156,3 +156,35 @@ def test_auto_in_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ops.team_stagger_setting() == ("auto", 3)
     a = _abi.GnArgs.from_buffer_copy(auto_launch().args)
     assert a.stagger_phases == 3 and a.stagger_ns > 0
+
+
+def test_the_backward_takes_its_staggered_one_launch_where_the_teams_fit() -> None:
+    # H200 teams (264 blocks, 3 chunk pairs): 128x128x128x128 runs 8 teams of 32 for 16 rounds, each
+    # member re-reading 5 of its 8 chunk pairs; 64x128x128x128 4 teams re-reading 1; 32x128x256x256 2 teams
+    fits, few, two = (
+        schedule.task_tiling(128, 32, hw, 2, "bwd", batch=n)
+        for n, hw in ((128, 128 * 128), (64, 128 * 128), (32, 256 * 256))
+    )
+    assert schedule.choose_task_schedule(fits, 264, 3) == 2
+    assert schedule.choose_task_schedule(fits, 264, 3, staggered=True) == 1  # without GN_ARCH=tasks+bwd1
+    for t in (few, two):
+        assert not schedule.stagger_fits(schedule.choose_teams(t, 264, 3))
+        assert schedule.choose_task_schedule(t, 264, 3, staggered=True) == 2
+        assert schedule.choose_task_schedule(t, 264, 3, backward_onepass=True, staggered=True) == 2
+
+
+def test_the_backward_launch_under_the_default_arch() -> None:
+    shape = (128, 128, 128, 128)
+    x = torch.empty(shape, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+
+    def launch(passes: int) -> ops._Launch:
+        with host_overhead.cpu_device(ArchStub(900)):
+            return ops._launch("bwd", x, x.get_device(), True, 32, 1e-5, 0, passes, None)
+
+    auto = launch(0)
+    a = _abi.GnArgs.from_buffer_copy(auto.args)
+    assert auto.plan.schedule == 1 and a.schedule == 1
+    assert (a.stagger_ns, a.stagger_phases) == (schedule.auto_stagger_ns(auto.plan), 2)
+    assert launch(1).plan.schedule == 2  # passes=1 under tasks+bwd: the two launches, as before
+    with ops.team_stagger(0):
+        assert launch(0).plan.schedule == 2  # unstaggered: the two launches

@@ -503,7 +503,9 @@ def task_plan(
 
     The backward runs on them only with GN_ARCH=tasks+bwd (two launches; `passes=1` runs those too: the
     tile kernels' one-pass backward sums in another order, and a result must not change its bits with
-    the schedule asked for) or tasks+bwd1 (its one-pass kernel too, the same bits: opt-in).
+    the schedule asked for; `passes="auto"` takes the one-pass kernel only where its teams take the
+    automatic team stagger, schedule.choose_task_schedule) or tasks+bwd1 (its one-pass kernel wherever
+    a task fits on chip; the same bits: opt-in).
 
     `wide`: the dtype of y (forward) or dy (backward) when it is float32 for a float16/bfloat16 x (the
     wide launches under autocast); None where the task kernels have no wide launch for the shape (the
@@ -517,8 +519,8 @@ def task_plan(
         if arch not in TASK_BACKWARD_ARCHS:
             return None
         onepass_bwd = arch == "tasks+bwd1" and wide_name is None
-        if not onepass_bwd:
-            schedule_ = 2
+        if not onepass_bwd and (schedule_ != "auto" or wide_name is not None):
+            schedule_ = 2  # ("auto" may still take the staggered one launch: choose_task_schedule)
     n, s, c = _nsc(shape)
     itemsize = schedule.ITEMSIZE[name]
     wide_itemsize = schedule.ITEMSIZE[wide_name] if wide_name is not None else 0
@@ -540,9 +542,16 @@ def task_plan(
     chosen = schedule_
     if chosen == "auto":
         blocks = residency if cap is None else min(residency, cap)
-        staggered = direction == "fwd" and team_stagger_setting()[0] == "auto"
+        staggered = team_stagger_setting()[0] == "auto"
+        sm90 = direction == "fwd" and runtime_cuda_arch(index) >= 900  # (dependent launches, clusters)
         chosen = schedule.choose_task_schedule(
-            t, blocks, slots, backward_onepass=onepass_bwd, staggered=staggered
+            t,
+            blocks,
+            slots,
+            backward_onepass=onepass_bwd,
+            staggered=staggered,
+            dependent_apply=sm90 and dependent_launches_enabled(),
+            clusters=sm90 and cluster_teams_enabled(),
         )
     chosen = int(chosen)
     if chosen == 1 and residency < 1:

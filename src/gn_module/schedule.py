@@ -688,8 +688,43 @@ def auto_stagger_ns(p: TaskPlan) -> int:
     return max(1, round(STAGGER_ROUND_FRACTION * round_bytes / STAGGER_COPY_BYTES_PER_NS))
 
 
+def cluster_shape(t: TaskTiling, teams: TaskTeams) -> bool:
+    """Whether one-launch forward teams of this shape may run as thread-block clusters: one round (one
+    task per team, so the grid is tasks x team size, one cluster each) of teams of at most
+    CLUSTER_MAX_TEAM blocks (csrc fwd_task_cluster; `cluster_teams_fit` for a plan)."""
+    return (
+        t.direction == "fwd"
+        and teams.rounds == 1
+        and teams.teams == t.tasks
+        and 1 < teams.team_size <= CLUSTER_MAX_TEAM
+    )
+
+
+def flag_teams_lose(t: TaskTiling, teams: TaskTeams, clusters: bool) -> bool:
+    """Whether a one-round forward of these teams loses to the two launches where the apply launch starts
+    as a dependent launch (sm_90 builds): its members hold one chunk each, so the stats they stream are
+    short, and they meet at a flag in global memory (not at a cluster's barrier: `clusters` says whether
+    this build runs them as clusters). Session 22, H200, fp16 and bf16, two rounds each: one launch
+    0.3-0.6 us slower on 1x640x32x32, 2x640x32x32, 2x960x32x32 (13.8-16.4 against 13.3-16.1 us) and on
+    2x1280x16x16 without clusters (13.6 against 13.2); as fast where members hold 2-4 chunks (4x640x32x32,
+    2x1280x32x32, 2x320x64x64, 1x512x128x128); 1.0-1.2 us faster as clusters (2x1280x16x16)."""
+    return (
+        t.direction == "fwd"
+        and teams.rounds == 1
+        and teams.chunks_per_member == 1
+        and teams.team_size > 1  # (a team of one waits for nobody)
+        and not (clusters and cluster_shape(t, teams))
+    )
+
+
 def choose_task_schedule(
-    t: TaskTiling, blocks: int, slots: int, backward_onepass: bool = False, staggered: bool = False
+    t: TaskTiling,
+    blocks: int,
+    slots: int,
+    backward_onepass: bool = False,
+    staggered: bool = False,
+    dependent_apply: bool = False,
+    clusters: bool = False,
 ) -> int:
     """passes="auto" for the task kernels with `blocks` resident one-pass blocks: one launch when the
     whole tensor fits on chip at once (one round per team, nothing read twice), else two launches.
@@ -701,14 +736,22 @@ def choose_task_schedule(
     its one-pass kernel passes the GPU suite, but with dependent launches the two launches are 1-2.7 us
     faster on the small shapes (RESULTS.md session 18: 2x1280x16x16 22.5 against 25.0 us); only
     1x512x128x128 is faster in one launch (39.5 against 40.7 us).
-    `staggered` (the forward under the default GN_TEAM_STAGGER=auto): also one launch where its teams take
-    the automatic stagger (`stagger_fits`; session 21, H200: 4-16 % faster on the 12 shapes it takes).
+    `staggered` (GN_TEAM_STAGGER=auto, the default): also one launch where its teams take the automatic
+    stagger (`stagger_fits`), in either direction. Forward: session 21, H200, 4-16 % faster on the 12
+    shapes it takes. Backward: session 22, H200, see `STAGGER_MIN_TEAMS`.
+    `dependent_apply` (the two launches' apply launch is a dependent launch: sm_90 builds) and `clusters`
+    (this build runs cluster teams): two launches where the one-round forward's teams lose to them
+    (`flag_teams_lose`).
     """
-    if blocks < 1 or (t.direction == "bwd" and not backward_onepass):  # its one-pass kernel is opt-in
+    if blocks < 1:
         return 2
     teams = choose_teams(t, blocks, slots)
-    if staggered and t.direction == "fwd" and stagger_fits(teams):
+    if staggered and stagger_fits(teams):
         return 1
+    if t.direction == "bwd" and not backward_onepass:  # its one-pass kernel is opt-in
+        return 2
+    if dependent_apply and flag_teams_lose(t, teams, clusters):
+        return 2
     return 1 if teams.rounds == 1 and teams.overflow_chunks == 0 else 2
 
 
@@ -836,15 +879,7 @@ def cluster_teams_fit(p: TaskPlan) -> bool:
     """Whether the one-launch forward of plan `p` may run its teams as thread-block clusters: one round
     (one task per team, so the grid is tasks x team size, one cluster each) of teams of at most
     CLUSTER_MAX_TEAM blocks. The plan, and so the tiles, partials and bits, are the same either way."""
-    teams = p.teams
-    return (
-        p.direction == "fwd"
-        and p.schedule == 1
-        and teams is not None
-        and teams.rounds == 1
-        and teams.teams == p.tiling.tasks
-        and 1 < teams.team_size <= CLUSTER_MAX_TEAM
-    )
+    return p.schedule == 1 and p.teams is not None and cluster_shape(p.tiling, p.teams)
 
 
 def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]:
