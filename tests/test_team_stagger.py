@@ -167,8 +167,13 @@ def test_the_backward_takes_its_staggered_one_launch_where_the_teams_fit() -> No
     )
     assert schedule.choose_task_schedule(fits, 264, 3) == 2
     assert schedule.choose_task_schedule(fits, 264, 3, staggered=True) == 1  # without GN_ARCH=tasks+bwd1
+    short = schedule.task_tiling(256, 32, 64 * 64, 2, "bwd", batch=128)  # 16 teams of 16, 4 pairs each
+    short_teams = schedule.choose_teams(short, 264, 3)
+    assert short_teams.chunks_per_member < schedule.STAGGER_MIN_BWD_CHUNKS
+    assert schedule.stagger_fits(short_teams, "fwd") and not schedule.stagger_fits(short_teams, "bwd")
+    assert schedule.choose_task_schedule(short, 264, 3, staggered=True) == 2
     for t in (few, two):
-        assert not schedule.stagger_fits(schedule.choose_teams(t, 264, 3))
+        assert not schedule.stagger_fits(schedule.choose_teams(t, 264, 3), "bwd")
         assert schedule.choose_task_schedule(t, 264, 3, staggered=True) == 2
         assert schedule.choose_task_schedule(t, 264, 3, backward_onepass=True, staggered=True) == 2
 

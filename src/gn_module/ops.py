@@ -687,6 +687,9 @@ def _args(
 # last arriver rounds its counter up to the next generation; flags carry the generation: gn_tasks.cuh).
 # One buffer per stream, because two launches in flight on different streams must not share it.
 _sync_buffers: dict[tuple[int, int], torch.Tensor] = {}
+# Buffers a larger one replaced: a captured CUDA graph keeps launching with their address, so they are
+# never freed (they are small: words for the tasks of one launch).
+_outgrown_sync_buffers: list[torch.Tensor] = []
 
 
 def _sync_buffer(device: torch.device, stream: int, words: int) -> torch.Tensor:
@@ -695,9 +698,41 @@ def _sync_buffer(device: torch.device, stream: int, words: int) -> torch.Tensor:
     if buf is None or buf.numel() < words:
         # grow geometrically; the old buffer's pending launches are stream-ordered before its reuse
         size = max(words, 2 * (buf.numel() if buf is not None else 0), 1024)
-        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        if buf is not None:
+            _outgrown_sync_buffers.append(buf)
+        buf = _zeros_outside_graph_pools(size, device)
         _sync_buffers[key] = buf
     return buf
+
+
+def _zeros_outside_graph_pools(size: int, device: torch.device) -> torch.Tensor:
+    """int32 zeros that outlive any CUDA-graph memory pool. torch.compile's CUDA graphs
+    (mode="reduce-overhead") run their warm-up with this thread's allocations routed to the graph's
+    pool, and then refuse a pool block that is not one of the graph's outputs ("tensor(s) in the
+    cudagraph pool not tracked as outputs"). That routing is per thread, so a helper thread allocates
+    the buffer. While this stream is being captured, no allocation may happen elsewhere: the buffer is
+    allocated in the capture (its pool keeps it, and the captured memset zeroes it at every replay,
+    before the graph's launches use it)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():  # (not CUDA: the CPU stubs)
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    made: list[torch.Tensor] = []
+    failed: list[BaseException] = []
+
+    def allocate() -> None:
+        try:
+            with torch.cuda.device(device):
+                buf = torch.zeros(size, dtype=torch.int32, device=device)
+                torch.cuda.current_stream(device).synchronize()  # (zeroed before any stream uses it)
+            made.append(buf)
+        except BaseException as exc:  # (re-raised in the caller's thread)
+            failed.append(exc)
+
+    helper = threading.Thread(target=allocate, name="gn_module-sync-buffer")
+    helper.start()
+    helper.join()
+    if failed:
+        raise failed[0]
+    return made[0]
 
 
 class _Launch:

@@ -662,14 +662,24 @@ STAGGER_ROUND_FRACTION = 1 / 3
 STAGGER_COPY_BYTES_PER_NS = 4250
 
 
-def stagger_fits(teams: TaskTeams) -> bool:
-    """Whether a one-launch forward of these teams takes the automatic team stagger: enough teams to take
+#: The backward's rounds must also be long: members of at least this many chunk pairs. Session 22, H200,
+#: fp16 and bf16, two rounds each, auto stagger against the two launches: 7-8 pairs won 5-18 %
+#: (128x128x128x128 8 teams 656 -> 586-593 us, 96x128x128x128 7 teams 537-542 -> 445-472,
+#: 64x128x256x128 4 teams 655-658 -> 617-623); 4 pairs did not (16 teams of 16 for 8-16 rounds:
+#: 64x256x64x64 +4 %, 256x128x64x64, 128x256x64x64, 64x512x64x64 -3 to +0.3 %).
+STAGGER_MIN_BWD_CHUNKS = 7
+
+
+def stagger_fits(teams: TaskTeams, direction: str = "fwd") -> bool:
+    """Whether a one-launch plan of these teams takes the automatic team stagger: enough teams to take
     turns and enough rounds to settle, and members that read enough chunks again (the staggered plans
-    that kept everything on chip lost to the two launches)."""
+    that kept everything on chip lost to the two launches); in the backward, rounds long enough to
+    carry their wait (STAGGER_MIN_BWD_CHUNKS)."""
     return (
         teams.teams >= STAGGER_MIN_TEAMS
         and teams.rounds >= STAGGER_MIN_ROUNDS
         and teams.teams * teams.overflow_chunks >= STAGGER_MIN_TEAM_REREADS
+        and (direction == "fwd" or teams.chunks_per_member >= STAGGER_MIN_BWD_CHUNKS)
     )
 
 
@@ -738,7 +748,8 @@ def choose_task_schedule(
     1x512x128x128 is faster in one launch (39.5 against 40.7 us).
     `staggered` (GN_TEAM_STAGGER=auto, the default): also one launch where its teams take the automatic
     stagger (`stagger_fits`), in either direction. Forward: session 21, H200, 4-16 % faster on the 12
-    shapes it takes. Backward: session 22, H200, see `STAGGER_MIN_TEAMS`.
+    shapes it takes. Backward: 5-18 % faster on the 3 shapes it takes (STAGGER_MIN_BWD_CHUNKS), where
+    the two launches re-read all of x and dy and the one launch 4-5 of each member's 7-8 chunk pairs.
     `dependent_apply` (the two launches' apply launch is a dependent launch: sm_90 builds) and `clusters`
     (this build runs cluster teams): two launches where the one-round forward's teams lose to them
     (`flag_teams_lose`).
@@ -746,7 +757,7 @@ def choose_task_schedule(
     if blocks < 1:
         return 2
     teams = choose_teams(t, blocks, slots)
-    if staggered and stagger_fits(teams):
+    if staggered and stagger_fits(teams, t.direction):
         return 1
     if t.direction == "bwd" and not backward_onepass:  # its one-pass kernel is opt-in
         return 2
@@ -891,7 +902,7 @@ def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]
     H200: 32x128x256x256 in 4 teams of 64 at 16 us in 2 phases, 381-386 us against 410-414 unstaggered
     and 418-420 us for the two launches; benchmarks/RESULTS.md.)"""
     if ns == "auto":
-        auto = p.teams is not None and stagger_fits(p.teams)
+        auto = p.teams is not None and stagger_fits(p.teams, p.direction)
         ns = auto_stagger_ns(p) if auto else 0
     if not isinstance(ns, int) or not isinstance(phases, int) or ns < 0 or phases < 1:
         raise ValueError(f"a team stagger needs ns >= 0 or 'auto' and phases >= 1, got {ns!r} and {phases!r}")
