@@ -1,4 +1,4 @@
-"""The one-launch forward's team stagger ("auto" by default; ops.team_stagger / GN_TEAM_STAGGER) without a
+"""The one-launch kernels' team stagger ("auto" by default; ops.team_stagger / GN_TEAM_STAGGER) without a
 GPU: which plans take it (schedule.team_stagger), how it is asked for, and that a launch carries it
 (GnArgs.stagger_ns, stagger_phases). Its bits and its delay are checked on a GPU in
 tests/gpu/test_team_stagger.py."""
