@@ -78,7 +78,7 @@ typedef struct GnArgs {
   uint32_t cols_threads_mul, cols_threads_shift;
   uint32_t chunk_rows_mul, chunk_rows_shift;
   uint32_t channels_per_group_mul, channels_per_group_shift;
-  // The one-launch forward's team stagger (schedule.team_stagger; 0: off): team j starts its first task
+  // The one-launch kernels' team stagger (schedule.team_stagger; 0: off): team j starts its first task
   // (j % stagger_phases) * stagger_ns nanoseconds late, so teams that would stream, wait and apply in
   // lockstep (DRAM idle while they all wait) take turns. Timing only: the same tiles, the same bits.
   int32_t stagger_ns;

@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
   if (team < a.teams) {
     const int t0 = member_tile(a, member), t1 = member_tile(a, member + 1);  // (32-bit: schedule.task_tiling)
     const int tasks = static_cast<int>(task_count(a));  // (below 2**31: schedule.task_tiling)
+    stagger_start(a, team);  // (schedule.team_stagger: teams of several rounds take turns at the DRAM)
     for (int task = team; task < tasks; task += a.teams) {
       const bool first = task == team;
       member_bwd_stats<T, V>(a, task, t0, t1, sm);

@@ -143,7 +143,7 @@ __device__ __forceinline__ void trace_point(const GnArgs& a, int point) {
   }
 }
 
-// The one-launch forward's team stagger (GnArgs::stagger_ns; schedule.team_stagger): a team's late start,
+// The one-launch kernels' team stagger (GnArgs::stagger_ns; schedule.team_stagger): a team's late start,
 // a sleep on the global timer (ns), which any arch has. Thread 0 sleeps, the block waits at the barrier.
 __device__ __forceinline__ void stagger_start(const GnArgs& a, int team) {
   if (a.stagger_ns <= 0 || a.stagger_phases <= 1) return;

@@ -40,6 +40,14 @@ def parse(spec: str) -> tuple[tuple[int, ...], int, str | None]:
     return shape, groups, act
 
 
+def _teams(plan) -> str:
+    """'4x64 r16 c4+1' (teams x members, rounds, chunks per member + re-read) of a one-launch task plan."""
+    tm = getattr(plan, "teams", None)
+    if tm is None or plan.schedule != 1:
+        return ""
+    return f"{tm.teams}x{tm.team_size} r{tm.rounds} c{tm.chunks_per_member}+{tm.overflow_chunks}"
+
+
 def time_shape(
     spec: str, dname: str, directions: list[str], timer: EventTimer, copy: float, passes: str = "auto"
 ) -> list[dict]:
@@ -76,13 +84,13 @@ def time_shape(
                "iqr_us": round(t.iqr_us, 2), "tbps": round(tbps, 3), "sol": round(tbps / copy, 3),
                "tiles_per_task": getattr(tiling, "tiles_per_task", None),
                "tasks": getattr(tiling, "tasks", None), "grid": plan.grid,
-               "schedule": plan.schedule}  # fmt: skip
+               "schedule": plan.schedule, "teams": _teams(plan)}  # fmt: skip
         rows.append(row)
         print(
             f"{spec:28} {direction} {passes:>4} {row['us']:9.2f} us (IQR {row['iqr_us']:.2f}) "
             f"{tbps:6.3f} TB/s "
             f"SOL {row['sol']:.3f}  tasks={row['tasks']} tiles/task={row['tiles_per_task']} "
-            f"grid={plan.grid} sched={plan.schedule}"
+            f"grid={plan.grid} sched={plan.schedule} {row['teams']}"
         )
     return rows
 

@@ -344,3 +344,38 @@ def test_fast_divisor_divides_every_kernel_operand() -> None:
     for bad in (0, -1, 2**31):
         with pytest.raises(ValueError, match="divisor"):
             schedule.fast_divisor(bad)
+
+
+@pytest.mark.parametrize(
+    ("shape", "clusters", "loses"),
+    [
+        ((2, 640, 1024), True, True),  # 8 teams of 22, one chunk each, meeting at a flag
+        ((1, 640, 1024), False, True),
+        ((2, 1280, 256), True, False),  # teams of 6 run as clusters
+        ((2, 1280, 256), False, True),  # the same teams at a flag
+        ((4, 640, 1024), True, False),  # two chunks per member
+        ((1, 512, 16384), True, False),
+        ((32, 128, 65536), True, False),  # several rounds: not a one-round plan
+    ],
+)
+def test_one_chunk_flag_teams_take_two_launches_where_the_apply_is_dependent(shape, clusters, loses) -> None:
+    n, c, s = shape
+    t = schedule.task_tiling(c, 32, s, 2, "fwd", batch=n)
+    slots = schedule.task_slots(t, schedule.task_smem_budget(profiles.get_profile("H200")))
+    teams = schedule.choose_teams(t, 264, slots)
+    assert schedule.flag_teams_lose(t, teams, clusters) == loses
+    plain = schedule.choose_task_schedule(t, 264, slots, clusters=clusters)
+    dependent = schedule.choose_task_schedule(t, 264, slots, dependent_apply=True, clusters=clusters)
+    assert dependent == (2 if loses else plain)
+    if loses:
+        assert plain == 1  # (without dependent launches the one launch stays)
+    small_teams = teams.rounds == 1 and 1 < teams.team_size <= schedule.CLUSTER_MAX_TEAM
+    assert schedule.cluster_shape(t, teams) == small_teams
+
+
+def test_a_team_of_one_keeps_its_one_launch() -> None:
+    t = schedule.task_tiling(64, 32, 64, 2, "fwd", batch=2)  # 2x64x8x8: one tile per task
+    teams = schedule.choose_teams(t, 264, 6)
+    assert teams.team_size == 1 and teams.chunks_per_member == 1
+    assert not schedule.flag_teams_lose(t, teams, False)
+    assert schedule.choose_task_schedule(t, 264, 6, dependent_apply=True) == 1

@@ -1,4 +1,4 @@
-"""The one-launch forward's team stagger ("auto" by default; ops.team_stagger / GN_TEAM_STAGGER) without a
+"""The one-launch kernels' team stagger ("auto" by default; ops.team_stagger / GN_TEAM_STAGGER) without a
 GPU: which plans take it (schedule.team_stagger), how it is asked for, and that a launch carries it
 (GnArgs.stagger_ns, stagger_phases). Its bits and its delay are checked on a GPU in
 tests/gpu/test_team_stagger.py."""
@@ -43,7 +43,9 @@ def test_only_plans_of_several_teams_and_rounds() -> None:
     single = schedule.make_task_plan(capped, 1, 6, 264, 32)
     assert single.teams.teams == 1 and schedule.team_stagger(single, 16000) == (0, 0)
     bwd = schedule.make_task_plan(schedule.task_tiling(128, 32, 256 * 256, 2, "bwd", batch=32), 1, 3, 264)
-    assert schedule.team_stagger(bwd, 16000) == (0, 0)
+    assert bwd.teams.teams > 1 and bwd.teams.rounds > 1
+    assert schedule.team_stagger(bwd, 16000) == (16000, 2)  # the one-launch backward's teams take turns too
+    assert schedule.team_stagger(schedule.make_task_plan(bwd.tiling, 2, 3, 264), 16000) == (0, 0)
     assert schedule.team_stagger(one, 2**40) == (2**31 - 1, 2)  # (an int32 field)
 
 
@@ -124,6 +126,15 @@ def test_auto_takes_the_one_launch_where_the_teams_fit() -> None:
     # a third of a round: 4 teams x 64 members x (2 x 16 + 10) chunks of 16 KiB at 4.25 TB/s
     assert phases == 2 and ns == round(4 * 64 * 42 * 16384 / 4250 / 3) == schedule.auto_stagger_ns(p)
     assert schedule.team_stagger(schedule.make_task_plan(on_chip, 1, 6, 264), "auto") == (0, 0)
+    # the backward's round moves x and dy in, dx out, and re-reads x and dy of its overflow chunks
+    wide_bwd = schedule.task_tiling(128, 32, 128 * 128, 2, "bwd", batch=64)
+    q = schedule.make_task_plan(wide_bwd, 1, 3, 264)
+    tm = q.teams
+    assert tm.teams == 4 and tm.rounds == 16 and tm.overflow_chunks > 0
+    traffic = 3 * tm.chunks_per_member + 2 * tm.overflow_chunks
+    assert schedule.auto_stagger_ns(q) == round(
+        tm.teams * tm.team_size * traffic * wide_bwd.chunk_bytes / schedule.STAGGER_COPY_BYTES_PER_NS / 3
+    )
 
 
 def test_auto_in_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,3 +156,40 @@ def test_auto_in_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ops.team_stagger_setting() == ("auto", 3)
     a = _abi.GnArgs.from_buffer_copy(auto_launch().args)
     assert a.stagger_phases == 3 and a.stagger_ns > 0
+
+
+def test_the_backward_takes_its_staggered_one_launch_where_the_teams_fit() -> None:
+    # H200 teams (264 blocks, 3 chunk pairs): 128x128x128x128 runs 8 teams of 32 for 16 rounds, each
+    # member re-reading 5 of its 8 chunk pairs; 64x128x128x128 4 teams re-reading 1; 32x128x256x256 2 teams
+    fits, few, two = (
+        schedule.task_tiling(128, 32, hw, 2, "bwd", batch=n)
+        for n, hw in ((128, 128 * 128), (64, 128 * 128), (32, 256 * 256))
+    )
+    assert schedule.choose_task_schedule(fits, 264, 3) == 2
+    assert schedule.choose_task_schedule(fits, 264, 3, staggered=True) == 1  # without GN_ARCH=tasks+bwd1
+    short = schedule.task_tiling(256, 32, 64 * 64, 2, "bwd", batch=128)  # 16 teams of 16, 4 pairs each
+    short_teams = schedule.choose_teams(short, 264, 3)
+    assert short_teams.chunks_per_member < schedule.STAGGER_MIN_BWD_CHUNKS
+    assert schedule.stagger_fits(short_teams, "fwd") and not schedule.stagger_fits(short_teams, "bwd")
+    assert schedule.choose_task_schedule(short, 264, 3, staggered=True) == 2
+    for t in (few, two):
+        assert not schedule.stagger_fits(schedule.choose_teams(t, 264, 3), "bwd")
+        assert schedule.choose_task_schedule(t, 264, 3, staggered=True) == 2
+        assert schedule.choose_task_schedule(t, 264, 3, backward_onepass=True, staggered=True) == 2
+
+
+def test_the_backward_launch_under_the_default_arch() -> None:
+    shape = (128, 128, 128, 128)
+    x = torch.empty(shape, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+
+    def launch(passes: int) -> ops._Launch:
+        with host_overhead.cpu_device(ArchStub(900)):
+            return ops._launch("bwd", x, x.get_device(), True, 32, 1e-5, 0, passes, None)
+
+    auto = launch(0)
+    a = _abi.GnArgs.from_buffer_copy(auto.args)
+    assert auto.plan.schedule == 1 and a.schedule == 1
+    assert (a.stagger_ns, a.stagger_phases) == (schedule.auto_stagger_ns(auto.plan), 2)
+    assert launch(1).plan.schedule == 2  # passes=1 under tasks+bwd: the two launches, as before
+    with ops.team_stagger(0):
+        assert launch(0).plan.schedule == 2  # unstaggered: the two launches

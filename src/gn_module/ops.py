@@ -503,7 +503,9 @@ def task_plan(
 
     The backward runs on them only with GN_ARCH=tasks+bwd (two launches; `passes=1` runs those too: the
     tile kernels' one-pass backward sums in another order, and a result must not change its bits with
-    the schedule asked for) or tasks+bwd1 (its one-pass kernel too, the same bits: opt-in).
+    the schedule asked for; `passes="auto"` takes the one-pass kernel only where its teams take the
+    automatic team stagger, schedule.choose_task_schedule) or tasks+bwd1 (its one-pass kernel wherever
+    a task fits on chip; the same bits: opt-in).
 
     `wide`: the dtype of y (forward) or dy (backward) when it is float32 for a float16/bfloat16 x (the
     wide launches under autocast); None where the task kernels have no wide launch for the shape (the
@@ -517,8 +519,8 @@ def task_plan(
         if arch not in TASK_BACKWARD_ARCHS:
             return None
         onepass_bwd = arch == "tasks+bwd1" and wide_name is None
-        if not onepass_bwd:
-            schedule_ = 2
+        if not onepass_bwd and (schedule_ != "auto" or wide_name is not None):
+            schedule_ = 2  # ("auto" may still take the staggered one launch: choose_task_schedule)
     n, s, c = _nsc(shape)
     itemsize = schedule.ITEMSIZE[name]
     wide_itemsize = schedule.ITEMSIZE[wide_name] if wide_name is not None else 0
@@ -540,9 +542,16 @@ def task_plan(
     chosen = schedule_
     if chosen == "auto":
         blocks = residency if cap is None else min(residency, cap)
-        staggered = direction == "fwd" and team_stagger_setting()[0] == "auto"
+        staggered = team_stagger_setting()[0] == "auto"
+        sm90 = direction == "fwd" and runtime_cuda_arch(index) >= 900  # (dependent launches, clusters)
         chosen = schedule.choose_task_schedule(
-            t, blocks, slots, backward_onepass=onepass_bwd, staggered=staggered
+            t,
+            blocks,
+            slots,
+            backward_onepass=onepass_bwd,
+            staggered=staggered,
+            dependent_apply=sm90 and dependent_launches_enabled(),
+            clusters=sm90 and cluster_teams_enabled(),
         )
     chosen = int(chosen)
     if chosen == 1 and residency < 1:
@@ -678,6 +687,9 @@ def _args(
 # last arriver rounds its counter up to the next generation; flags carry the generation: gn_tasks.cuh).
 # One buffer per stream, because two launches in flight on different streams must not share it.
 _sync_buffers: dict[tuple[int, int], torch.Tensor] = {}
+# Buffers a larger one replaced: a captured CUDA graph keeps launching with their address, so they are
+# never freed (they are small: words for the tasks of one launch).
+_outgrown_sync_buffers: list[torch.Tensor] = []
 
 
 def _sync_buffer(device: torch.device, stream: int, words: int) -> torch.Tensor:
@@ -686,9 +698,41 @@ def _sync_buffer(device: torch.device, stream: int, words: int) -> torch.Tensor:
     if buf is None or buf.numel() < words:
         # grow geometrically; the old buffer's pending launches are stream-ordered before its reuse
         size = max(words, 2 * (buf.numel() if buf is not None else 0), 1024)
-        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        if buf is not None:
+            _outgrown_sync_buffers.append(buf)
+        buf = _zeros_outside_graph_pools(size, device)
         _sync_buffers[key] = buf
     return buf
+
+
+def _zeros_outside_graph_pools(size: int, device: torch.device) -> torch.Tensor:
+    """int32 zeros that outlive any CUDA-graph memory pool. torch.compile's CUDA graphs
+    (mode="reduce-overhead") run their warm-up with this thread's allocations routed to the graph's
+    pool, and then refuse a pool block that is not one of the graph's outputs ("tensor(s) in the
+    cudagraph pool not tracked as outputs"). That routing is per thread, so a helper thread allocates
+    the buffer. While this stream is being captured, no allocation may happen elsewhere: the buffer is
+    allocated in the capture (its pool keeps it, and the captured memset zeroes it at every replay,
+    before the graph's launches use it)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():  # (not CUDA: the CPU stubs)
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    made: list[torch.Tensor] = []
+    failed: list[BaseException] = []
+
+    def allocate() -> None:
+        try:
+            with torch.cuda.device(device):
+                buf = torch.zeros(size, dtype=torch.int32, device=device)
+                torch.cuda.current_stream(device).synchronize()  # (zeroed before any stream uses it)
+            made.append(buf)
+        except BaseException as exc:  # (re-raised in the caller's thread)
+            failed.append(exc)
+
+    helper = threading.Thread(target=allocate, name="gn_module-sync-buffer")
+    helper.start()
+    helper.join()
+    if failed:
+        raise failed[0]
+    return made[0]
 
 
 class _Launch:

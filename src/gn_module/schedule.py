@@ -662,30 +662,79 @@ STAGGER_ROUND_FRACTION = 1 / 3
 STAGGER_COPY_BYTES_PER_NS = 4250
 
 
-def stagger_fits(teams: TaskTeams) -> bool:
-    """Whether a one-launch forward of these teams takes the automatic team stagger: enough teams to take
+#: The backward's rounds must also be long: members of at least this many chunk pairs. Session 22, H200,
+#: fp16 and bf16, two rounds each, auto stagger against the two launches: 7-8 pairs won 5-18 %
+#: (128x128x128x128 8 teams 656 -> 586-593 us, 96x128x128x128 7 teams 537-542 -> 445-472,
+#: 64x128x256x128 4 teams 655-658 -> 617-623); 4 pairs did not (16 teams of 16 for 8-16 rounds:
+#: 64x256x64x64 +4 %, 256x128x64x64, 128x256x64x64, 64x512x64x64 -3 to +0.3 %).
+STAGGER_MIN_BWD_CHUNKS = 7
+
+
+def stagger_fits(teams: TaskTeams, direction: str = "fwd") -> bool:
+    """Whether a one-launch plan of these teams takes the automatic team stagger: enough teams to take
     turns and enough rounds to settle, and members that read enough chunks again (the staggered plans
-    that kept everything on chip lost to the two launches)."""
+    that kept everything on chip lost to the two launches); in the backward, rounds long enough to
+    carry their wait (STAGGER_MIN_BWD_CHUNKS)."""
     return (
         teams.teams >= STAGGER_MIN_TEAMS
         and teams.rounds >= STAGGER_MIN_ROUNDS
         and teams.teams * teams.overflow_chunks >= STAGGER_MIN_TEAM_REREADS
+        and (direction == "fwd" or teams.chunks_per_member >= STAGGER_MIN_BWD_CHUNKS)
     )
 
 
 def auto_stagger_ns(p: TaskPlan) -> int:
     """The automatic stagger of plan `p`: STAGGER_ROUND_FRACTION of a round's traffic (every member reads
-    its chunks, re-reads its overflow and writes) at STAGGER_COPY_BYTES_PER_NS."""
+    its chunks, re-reads its overflow and writes; the backward reads x and dy) at
+    STAGGER_COPY_BYTES_PER_NS."""
     tm = p.teams
     if tm is None:
         return 0
-    chunk_traffic = 2 * tm.chunks_per_member + tm.overflow_chunks
+    if p.direction == "fwd":  # x read, y written, overflow x re-read
+        chunk_traffic = 2 * tm.chunks_per_member + tm.overflow_chunks
+    else:  # x and dy read, dx written, overflow x and dy re-read
+        chunk_traffic = 3 * tm.chunks_per_member + 2 * tm.overflow_chunks
     round_bytes = tm.teams * tm.team_size * chunk_traffic * p.tiling.chunk_bytes
     return max(1, round(STAGGER_ROUND_FRACTION * round_bytes / STAGGER_COPY_BYTES_PER_NS))
 
 
+def cluster_shape(t: TaskTiling, teams: TaskTeams) -> bool:
+    """Whether one-launch forward teams of this shape may run as thread-block clusters: one round (one
+    task per team, so the grid is tasks x team size, one cluster each) of teams of at most
+    CLUSTER_MAX_TEAM blocks (csrc fwd_task_cluster; `cluster_teams_fit` for a plan)."""
+    return (
+        t.direction == "fwd"
+        and teams.rounds == 1
+        and teams.teams == t.tasks
+        and 1 < teams.team_size <= CLUSTER_MAX_TEAM
+    )
+
+
+def flag_teams_lose(t: TaskTiling, teams: TaskTeams, clusters: bool) -> bool:
+    """Whether a one-round forward of these teams loses to the two launches where the apply launch starts
+    as a dependent launch (sm_90 builds): its members hold one chunk each, so the stats they stream are
+    short, and they meet at a flag in global memory (not at a cluster's barrier: `clusters` says whether
+    this build runs them as clusters). Session 22, H200, fp16 and bf16, two rounds each: one launch
+    0.3-0.6 us slower on 1x640x32x32, 2x640x32x32, 2x960x32x32 (13.8-16.4 against 13.3-16.1 us) and on
+    2x1280x16x16 without clusters (13.6 against 13.2); as fast where members hold 2-4 chunks (4x640x32x32,
+    2x1280x32x32, 2x320x64x64, 1x512x128x128); 1.0-1.2 us faster as clusters (2x1280x16x16)."""
+    return (
+        t.direction == "fwd"
+        and teams.rounds == 1
+        and teams.chunks_per_member == 1
+        and teams.team_size > 1  # (a team of one waits for nobody)
+        and not (clusters and cluster_shape(t, teams))
+    )
+
+
 def choose_task_schedule(
-    t: TaskTiling, blocks: int, slots: int, backward_onepass: bool = False, staggered: bool = False
+    t: TaskTiling,
+    blocks: int,
+    slots: int,
+    backward_onepass: bool = False,
+    staggered: bool = False,
+    dependent_apply: bool = False,
+    clusters: bool = False,
 ) -> int:
     """passes="auto" for the task kernels with `blocks` resident one-pass blocks: one launch when the
     whole tensor fits on chip at once (one round per team, nothing read twice), else two launches.
@@ -697,14 +746,23 @@ def choose_task_schedule(
     its one-pass kernel passes the GPU suite, but with dependent launches the two launches are 1-2.7 us
     faster on the small shapes (RESULTS.md session 18: 2x1280x16x16 22.5 against 25.0 us); only
     1x512x128x128 is faster in one launch (39.5 against 40.7 us).
-    `staggered` (the forward under the default GN_TEAM_STAGGER=auto): also one launch where its teams take
-    the automatic stagger (`stagger_fits`; session 21, H200: 4-16 % faster on the 12 shapes it takes).
+    `staggered` (GN_TEAM_STAGGER=auto, the default): also one launch where its teams take the automatic
+    stagger (`stagger_fits`), in either direction. Forward: session 21, H200, 4-16 % faster on the 12
+    shapes it takes. Backward: 5-18 % faster on the 3 shapes it takes (STAGGER_MIN_BWD_CHUNKS), where
+    the two launches re-read all of x and dy and the one launch 4-5 of each member's 7-8 chunk pairs.
+    `dependent_apply` (the two launches' apply launch is a dependent launch: sm_90 builds) and `clusters`
+    (this build runs cluster teams): two launches where the one-round forward's teams lose to them
+    (`flag_teams_lose`).
     """
-    if blocks < 1 or (t.direction == "bwd" and not backward_onepass):  # its one-pass kernel is opt-in
+    if blocks < 1:
         return 2
     teams = choose_teams(t, blocks, slots)
-    if staggered and t.direction == "fwd" and stagger_fits(teams):
+    if staggered and stagger_fits(teams, t.direction):
         return 1
+    if t.direction == "bwd" and not backward_onepass:  # its one-pass kernel is opt-in
+        return 2
+    if dependent_apply and flag_teams_lose(t, teams, clusters):
+        return 2
     return 1 if teams.rounds == 1 and teams.overflow_chunks == 0 else 2
 
 
@@ -832,27 +890,19 @@ def cluster_teams_fit(p: TaskPlan) -> bool:
     """Whether the one-launch forward of plan `p` may run its teams as thread-block clusters: one round
     (one task per team, so the grid is tasks x team size, one cluster each) of teams of at most
     CLUSTER_MAX_TEAM blocks. The plan, and so the tiles, partials and bits, are the same either way."""
-    teams = p.teams
-    return (
-        p.direction == "fwd"
-        and p.schedule == 1
-        and teams is not None
-        and teams.rounds == 1
-        and teams.teams == p.tiling.tasks
-        and 1 < teams.team_size <= CLUSTER_MAX_TEAM
-    )
+    return p.schedule == 1 and p.teams is not None and cluster_shape(p.tiling, p.teams)
 
 
 def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]:
     """(stagger_ns, stagger_phases) of GnArgs for plan `p` when a team stagger of `ns` nanoseconds in
-    `phases` phases is asked for (ops.team_stagger): team j of the one-launch forward starts its first
+    `phases` phases is asked for (ops.team_stagger): team j of a one-launch plan starts its first
     task (j % phases) * ns late. ns="auto": `auto_stagger_ns` where the teams fit `stagger_fits`, else
     none. Only a plan of several teams that each run several rounds has teams that can take turns; any
     other plan gets (0, 0). The tiles, their order and so the bits are the same either way. (Session 20,
     H200: 32x128x256x256 in 4 teams of 64 at 16 us in 2 phases, 381-386 us against 410-414 unstaggered
     and 418-420 us for the two launches; benchmarks/RESULTS.md.)"""
     if ns == "auto":
-        auto = p.teams is not None and stagger_fits(p.teams)
+        auto = p.teams is not None and stagger_fits(p.teams, p.direction)
         ns = auto_stagger_ns(p) if auto else 0
     if not isinstance(ns, int) or not isinstance(phases, int) or ns < 0 or phases < 1:
         raise ValueError(f"a team stagger needs ns >= 0 or 'auto' and phases >= 1, got {ns!r} and {phases!r}")
@@ -860,7 +910,6 @@ def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]
     staggered = (
         ns > 0
         and phases > 1
-        and p.direction == "fwd"
         and p.schedule == 1
         and teams is not None
         and teams.teams > 1

@@ -1,4 +1,4 @@
-"""GPU tests of the one-launch forward's team stagger ("auto" by default; ops.team_stagger,
+"""GPU tests of the one-launch kernels' team stagger ("auto" by default; ops.team_stagger,
 GN_TEAM_STAGGER): team j starts its first task (j % phases) x ns late. Forced multi-team, multi-round
 plans (some with overflow chunks re-read from global memory) against the fp64 reference with poisoned
 outputs, bitwise equal unstaggered and to the two launches, every tile in the launch record; and the
@@ -108,3 +108,27 @@ def test_auto_takes_the_staggered_one_launch_where_it_fits(dtype):
     with torch.no_grad():
         two = gn_module.group_norm(x, 32, w, b, act="silu", passes=2)
     assert torch.equal(got, two)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize(("shape", "groups", "m", "teams"), CASES, ids=shape_id)
+def test_the_one_launch_backward_staggered(monkeypatch, shape, groups, m, teams, dtype):
+    # the one-launch backward (GN_ARCH=tasks+bwd1) of several teams in several rounds, staggered: fp64
+    # agreement with poisoned outputs, every tile in both phases, and the bits of the unstaggered one
+    # launch and of the two launches
+    monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd1")
+    monkeypatch.setattr(schedule, "choose_teams", forced_teams(m))
+    x, w, b, dy = make_case(shape, groups, dtype, mean=3.0)
+    with ops.max_resident_blocks(m * teams):
+        p = ops.plan(x.shape, groups, x.dtype, "bwd", 1)
+        assert p.schedule == 1 and schedule.team_stagger(p, 20000) == (20000, 2), p.teams  # not vacuous
+        with ops.team_stagger(20000), ops.launch_record() as rec:
+            got = check_against_reference(x, groups, w, b, "silu", 1, dy)
+        r = rec["bwd"]
+        assert r["schedule"] == 1 and r["tiles_phase1"] == r["tiles_applied"] == p.tiles
+        assert r["chunks_reread"] == schedule.task_reread_chunks(r["plan"])
+        with ops.team_stagger(0):
+            plain = run(x, groups, w, b, "silu", 1, dy)
+    two = run(x, groups, w, b, "silu", 2, dy)
+    for name, a, b_, c in zip(("y", "dx", "dweight", "dbias"), got, plain, two, strict=True):
+        assert torch.equal(a, b_) and torch.equal(a, c), name
