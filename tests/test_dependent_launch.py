@@ -84,3 +84,30 @@ def test_the_setting_is_part_of_the_cached_launch() -> None:
 def test_only_a_bool_turns_it_on() -> None:
     with pytest.raises(TypeError, match="bool"), ops.dependent_launches("yes"):  # type: ignore[arg-type]
         pass
+
+
+class CountingArchStub(ArchStub):
+    def __init__(self, cuda_arch: int) -> None:
+        super().__init__(cuda_arch)
+        self.asked = 0
+
+    def gn_runtime_arch(self, index: int, out: object) -> int:
+        self.asked += 1
+        return super().gn_runtime_arch(index, out)
+
+
+def test_the_runtime_arch_is_asked_once_per_library() -> None:
+    # asking runs a kernel and a synchronous copy: never per plan (nor inside a CUDA-graph capture later)
+    stub = CountingArchStub(900)
+    with host_overhead.cpu_device(stub):
+        for shape in ((2, 64, 8, 8), (2, 640, 32, 32), (4, 640, 32, 32)):
+            x = torch.randn(shape).half().contiguous(memory_format=torch.channels_last)
+            for direction in ("fwd", "bwd"):
+                ops._launch(direction, x, x.get_device(), True, 32, 1e-5, 0, 0, None)
+        assert stub.asked == 1  # six plans and their launches (CPU tensors: device index -1)
+        assert ops.runtime_cuda_arch(0) == 900 and ops.runtime_cuda_arch(0) == 900
+    assert stub.asked == 2  # (another device index is asked for itself, once)
+    other = CountingArchStub(800)  # another library (another build variant) is asked for itself
+    with host_overhead.cpu_device(other):
+        assert ops.runtime_cuda_arch(0) == 800
+    assert other.asked == 1

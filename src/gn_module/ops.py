@@ -12,6 +12,7 @@ import functools
 import os
 import struct
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 
 import torch
@@ -449,13 +450,27 @@ def kernel_resources(
     return KernelResources(registers=regs.value, static_smem=smem.value)
 
 
+# __CUDA_ARCH__ per (loaded library, device): asking runs a kernel and a synchronous copy, which must not
+# happen per plan, nor inside a CUDA-graph capture once any launch has been planned.
+_runtime_arches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _runtime_arch(lib: object, index: int) -> int:
+    try:
+        known = _runtime_arches.setdefault(lib, {})
+    except TypeError:  # (a stand-in library that takes no weak reference: ask every time)
+        known = {}
+    if index not in known:
+        arch = ctypes.c_int(0)
+        _check(lib, lib.gn_runtime_arch(index, ctypes.byref(arch)), "reading __CUDA_ARCH__")
+        known[index] = arch.value
+    return known[index]
+
+
 def runtime_cuda_arch(device: torch.device | int | None = None) -> int:
     """The __CUDA_ARCH__ value the current build variant runs with on the device."""
     index = _device_index(device)
-    lib = library(index, current_variant())
-    arch = ctypes.c_int(0)
-    _check(lib, lib.gn_runtime_arch(index, ctypes.byref(arch)), "reading __CUDA_ARCH__")
-    return arch.value
+    return _runtime_arch(library(index, current_variant()), index)
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
@@ -889,10 +904,9 @@ def _new_launch(key: tuple) -> _Launch | object:
     if dependent or clusters:
         # griddepcontrol and clusters are sm_90 code: a compute_80 PTX build run on an H200 must not
         # skip the wait, and has no cluster kernel
-        arch_value = ctypes.c_int(0)
-        _check(lib, lib.gn_runtime_arch(index, ctypes.byref(arch_value)), "reading __CUDA_ARCH__")
-        a.dependent_launch = int(dependent and arch_value.value >= 900)
-        a.cluster_teams = int(clusters and arch_value.value >= 900)
+        arch_value = _runtime_arch(lib, index)
+        a.dependent_launch = int(dependent and arch_value >= 900)
+        a.cluster_teams = int(clusters and arch_value >= 900)
     launch = _Launch(p, bytes(a), lib, direction)
     if len(_launches) >= _MAX_LAUNCHES:
         _launches.clear()
