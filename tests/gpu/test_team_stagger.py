@@ -88,6 +88,32 @@ def test_the_delay_reaches_the_kernel(monkeypatch):
     assert late >= 3.0 > plain, (late, plain)
 
 
+def test_the_delay_reaches_the_backward_kernel(monkeypatch):
+    # the one-launch backward (GN_ARCH=tasks+bwd1) at a 3 ms stagger: its late teams hold the launch back
+    monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd1")
+    monkeypatch.setattr(schedule, "choose_teams", forced_teams(16))
+    x, w, b, dy = make_case((8, 128, 128, 128), 32, torch.float16)
+    with torch.no_grad():
+        _, mean, rstd = ops.forward(x, w, b, 32, 1e-5, 1, 2)
+
+    def elapsed_ms() -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ops.backward(dy, x, w, b, mean, rstd, 32, 1e-5, 1, 1)  # (warm: the launch is built and cached)
+        start.record()
+        ops.backward(dy, x, w, b, mean, rstd, 32, 1e-5, 1, 1)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    with ops.max_resident_blocks(32):
+        assert ops.plan(x.shape, 32, x.dtype, "bwd", 1).schedule == 1  # (not vacuous: the one launch)
+        with ops.team_stagger(0):
+            plain = elapsed_ms()
+        with ops.team_stagger(3_000_000):
+            late = elapsed_ms()
+    assert late >= 3.0 > plain, (late, plain)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_auto_takes_the_staggered_one_launch_where_it_fits(dtype):
     # 16x512x128x128 (256 MiB): 8 teams of 32 for 8 rounds on an H200, re-reading 2 chunks each
