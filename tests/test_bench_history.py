@@ -403,6 +403,34 @@ def test_history_table_and_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_table_of_a_run_against_the_runs_before_it(tmp_path: Path) -> None:
+    faster = {k: v / 2 if k[3] == "ours-auto" else v for k, v in BASE.items()}
+    faster[("1x8x4x4-G2", "bf16", "bwd", "ours-auto")] = 80.0  # (a row the run before lacks)
+    base, new = write_runs(
+        tmp_path,
+        saved_json(BASE, "aaa111", "2026-11-30T07:00:00"),
+        saved_json(faster, "bbb222", "2026-12-01T07:00:00"),
+    )
+    text = history.run_tables(history.load_run(new), history.load_run(base))
+    lines = text.splitlines()
+    assert "bbb222" in lines[0] and "against aaa111" in lines[0]
+    assert [ln for ln in lines if ln.endswith(":")] == ["fp16 fwd:", "fp16 bwd:", "bf16 bwd:"]
+    fwd = next(ln for ln in lines if ln.startswith("| 1x8x4x4-G2") and "400.0" in ln)
+    # ours-auto 100 us; SOL 100/100; best compile 250 us; eager 400 us; before 200 us
+    want = "| 1x8x4x4-G2 | 100.0 | 210.0 | 400.0 | 300.0 | 250.0 | 1.000 | 2.50 | 4.0 | 200.0 | x0.500 |"
+    assert fwd == want
+    bwd_bf16 = lines[-1]
+    assert bwd_bf16.startswith("| 1x8x4x4-G2 | 80.0 |") and bwd_bf16.endswith("| - | - |")
+    header = next(ln for ln in lines if ln.startswith("| shape"))
+    # (the columns of the implementations the run timed)
+    assert "ours-1pass" not in header and "ours-2pass" in header and "ours-auto before" in header
+    # the CLI: the newest run against the others by default; --no-against drops the columns
+    proc = run_cli("table", "--storage", str(tmp_path))
+    assert proc.returncode == 0 and fwd in proc.stdout, proc.stdout + proc.stderr
+    plain = run_cli("table", "--storage", str(tmp_path), "--no-against")
+    assert "ours-auto before" not in plain.stdout and "| 1x8x4x4-G2 | 100.0 |" in plain.stdout
+
+
 def test_history_reads_the_committed_baseline() -> None:
     proc = run_cli("history", "--storage", str(BASELINE_DIR))
     assert proc.returncode == 0, proc.stderr

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Shapes: "
         + "; ".join(c.name for c in CASES)
         + f". --quick: {', '.join(QUICK_NAMES)}. Saved pytest-benchmark runs: "
-        + "'python -m gn_module.bench history --help', 'python -m gn_module.bench gate --help'. "
+        + "'python -m gn_module.bench history --help', '... gate --help', '... table --help'. "
         + "Whole-model training steps with and without the swap: 'python -m gn_module.bench models --help'.",
     )
     p.add_argument(
@@ -139,7 +139,7 @@ def run_case(
 
 
 #: Subcommands that read saved pytest-benchmark runs (gn_module.bench.history_cli); no GPU needed.
-SUBCOMMANDS = ("history", "gate")
+SUBCOMMANDS = ("history", "gate", "table")
 #: Model-level training-step benchmark (gn_module.bench.models).
 MODELS_COMMAND = "models"
 

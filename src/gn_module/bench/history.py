@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gn_module.bench.cases import COMPILE_IMPLS, OURS
+from gn_module.bench.cases import COMPILE_IMPLS, IMPLS, OURS
 
 #: Our implementations: the gate fails on these only; the peers are reported.
 OUR_IMPLS = ("ours-auto", "ours-1pass", "ours-2pass")
@@ -327,6 +327,50 @@ def render_history(runs: Sequence[SavedRun], impl: str = OURS) -> str:
         sol = f"{r['sol']:.3f}" if r["sol"] is not None else "  -  "
         vs = f"x{r['vs_compile']:.2f}" if r["vs_compile"] else "  -"
         out.append(f"  {r['run']:26} {r['median_us']:10.1f} us  SOL {sol}  vs compile {vs}")
+    return "\n".join(out)
+
+
+def run_tables(run: SavedRun, against: SavedRun | None = None) -> str:
+    """Markdown tables of one saved run, one per (dtype, direction) in the run's order: every
+    implementation's median (us), then for ours-auto its fraction of SOL, the speedup over the best
+    torch.compile and over eager, and, given `against`, that run's ours-auto and the ratio of the two."""
+    groups: list[tuple[str, str]] = []
+    cases: list[str] = []
+    for case, dtype, direction, _ in run.entries:
+        if (dtype, direction) not in groups:
+            groups.append((dtype, direction))
+        if case not in cases:
+            cases.append(case)
+    impls = [i for i in IMPLS if any(k[3] == i for k in run.entries)]
+    impls += sorted({k[3] for k in run.entries} - set(impls))  # (foreign implementations last)
+    out = [f"Run {run.label} ({run.path.name}): median us; SOL, x compile best and x eager of {OURS}"]
+    if against is not None:
+        out[0] += f"; against {against.label}"
+    for dtype, direction in sorted(groups, key=lambda g: (g[1] != "fwd", g[0] != "fp16", g)):
+        head = ["shape", *impls, "SOL", "x compile", "x eager"]
+        if against is not None:
+            head += [f"{OURS} before", "now / before"]
+        out += ["", f"{dtype} {direction}:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for case in cases:
+            got = {i: run.entries.get((case, dtype, direction, i)) for i in impls}
+            ours = got.get(OURS)
+            if not any(got.values()):
+                continue
+            cells = [case, *(f"{e.median_us:.1f}" if e else "-" for e in got.values())]
+            best = best_compile_us(run, case, dtype, direction)
+            eager = got.get("eager")
+            cells += [
+                f"{ours.sol:.3f}" if ours and ours.sol else "-",
+                f"{best / ours.median_us:.2f}" if ours and best else "-",
+                f"{eager.median_us / ours.median_us:.1f}" if ours and eager else "-",
+            ]
+            if against is not None:
+                before = against.entries.get((case, dtype, direction, OURS))
+                cells += [
+                    f"{before.median_us:.1f}" if before else "-",
+                    f"x{ours.median_us / before.median_us:.3f}" if ours and before else "-",
+                ]
+            out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 

@@ -1,4 +1,4 @@
-"""`python -m gn_module.bench history` and `python -m gn_module.bench gate`: saved runs, no GPU needed.
+"""`python -m gn_module.bench history|gate|table`: saved runs, no GPU needed.
 
 history: every saved run under --storage, per (shape, dtype, direction): ours in us and in fraction of
 SOL across runs (commit, date), with the speedup over the best torch.compile of the same run;
@@ -10,6 +10,10 @@ the other benchmarks gated against the run before it). Exit 1 when one of OUR me
 --threshold percent slower; eager, torch.compile and foreign implementations are reported but never
 fail the gate. --recheck: the flagged benchmarks timed again; one within the threshold there is
 reported as cleared, not failing.
+
+table: one saved run (--run, default the newest) as Markdown tables, one per dtype and direction: every
+implementation's median, and for ours-auto its SOL, its speedup over the best torch.compile and over eager,
+and its time in --against (default: each benchmark's newest time among the other saved runs) with the ratio.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     doc = (__doc__ or "").split("\n\n")
     p = argparse.ArgumentParser(
         prog=f"python -m gn_module.bench {command}",
-        description=doc[1] if command == "history" else doc[2],
+        description={"history": doc[1], "gate": doc[2], "table": doc[3]}[command],
     )
     p.add_argument(
         "--storage",
@@ -40,6 +44,14 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         )
         p.add_argument("--plot", metavar="PATH", help="write a PNG of SOL over runs (needs matplotlib)")
         p.add_argument("--newest", action="store_true", help="print only the path of the newest saved run")
+    elif command == "table":
+        p.add_argument("--run", metavar="JSON", help="the run to show (default: the newest saved run)")
+        p.add_argument(
+            "--against",
+            metavar="JSON",
+            help="the run to compare with (default: each benchmark's newest time in the other saved runs)",
+        )
+        p.add_argument("--no-against", action="store_true", help="leave out the comparison columns")
     else:
         p.add_argument("--run", metavar="JSON", help="the run to judge (default: the newest saved run)")
         p.add_argument(
@@ -72,6 +84,15 @@ def main(command: str, argv: Sequence[str]) -> int:
                     print(f"wrote {args.plot}")
                 else:
                     print("matplotlib is not installed; no plot written (pip install matplotlib)")
+            return 0
+        if command == "table":
+            run = history.load_run(args.run) if args.run else history.newest_run(args.storage)
+            against = None
+            if args.against:
+                against = history.load_run(args.against)
+            elif not args.no_against and len(history.load_runs(args.storage)) > 1:
+                against = history.newest_per_benchmark(args.storage, exclude=[run.path])
+            print(history.run_tables(run, against))
             return 0
         current = history.load_run(args.run) if args.run else history.newest_run(args.storage)
         baseline = (
