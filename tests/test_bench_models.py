@@ -25,6 +25,8 @@ from gn_module.bench import model_zoo
 from gn_module.bench import models as bm
 from gn_module.bench.gn_share import GnShare
 from gn_module.bench.models import Measurement, ModelsReport, Row
+from gn_module.bench.report import checks_lines
+from gn_module.bench.targets import TargetCheck
 
 SRC = str(Path(gn_module.__file__).resolve().parents[1])
 CPU = ["--tiny", "--device", "cpu"]
@@ -486,6 +488,40 @@ def test_criteria_speedup_vae_and_memory() -> None:
     ok.measurements["swapped"].peak_mib = None  # CPU runs: no peak memory
     assert statuses([ok])[peak] == "n/a"
     assert statuses([fake_row(12.0, 9.0, None)])["vae", "bf16", "eager", "speedup"] == "n/a"
+
+
+def test_a_peak_just_above_a_nchw_baseline_reads_as_a_miss_with_the_layouts_share() -> None:
+    """Session 23: under reduce-overhead the VAE's swapped peak was 1303.29 MiB against 1301.28 for the NCHW
+    baseline and 1303.28 for channels_last. The line must not read "= 1 (target <= 1)", and it names the
+    channels_last baseline's ratio (the layout the swap needs)."""
+    row = fake_row(42.71, 42.15, 35.51, compiled=True)  # the NCHW baseline is the faster
+    peaks = {"channels_last": 1303.28, "contiguous": 1301.28, "swapped": 1303.29}
+    for config, mib in peaks.items():
+        row.measurements[config].peak_mib = mib
+    (peak,) = [c for c in bm.check_criteria([row]) if c.target == "peak memory swapped / baseline"]
+    assert peak.status == "MISS" and peak.note == "swapped / channels_last baseline 1.0000"
+    (line,) = [ln for ln in checks_lines([peak])]
+    assert line == (
+        "MISS  vae bf16 compile: peak memory swapped / baseline = 1.002 "
+        "(target <= 1; swapped / channels_last baseline 1.0000)"
+    )
+    row.measurements["contiguous"].median_ms = 50.0  # a channels_last baseline's ratio needs no note
+    row.measurements["swapped"].peak_mib = 1303.28
+    (cl_peak,) = [c for c in bm.check_criteria([row]) if c.target == "peak memory swapped / baseline"]
+    assert cl_peak.note == "" and checks_lines([cl_peak])[0] == (
+        "PASS  vae bf16 compile: peak memory swapped / baseline = 1 (target <= 1)"
+    )
+
+
+def test_check_values_show_the_digits_that_decide_them() -> None:
+    def line(value: float, threshold: float = 1.0, higher: bool = False) -> str:
+        return checks_lines([TargetCheck("m", "bf16", "eager", "t", value, threshold, higher)])[0]
+
+    assert line(1.0004).endswith("t = 1.0004 (target <= 1)") and line(1.0004).startswith("MISS")
+    assert line(0.99996).endswith("t = 0.99996 (target <= 1)") and line(0.99996).startswith("PASS")
+    assert line(1.0).endswith("t = 1 (target <= 1)")
+    assert line(1.23456).endswith("t = 1.23 (target <= 1)")  # (3 digits where they tell it apart)
+    assert line(1.6 - 1e-12, 1.6, True).startswith("MISS")
 
 
 def test_gn_free_bound_lowers_a_speedup_target_to_its_limit_fraction() -> None:

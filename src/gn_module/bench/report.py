@@ -137,16 +137,26 @@ def render_markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _value_text(value: float, threshold: float) -> str:
+    """`value` to 3 significant digits, or as many more (up to 8) as tell it apart from `threshold`: a
+    miss by 0.04 % must not read "= 1 (target <= 1)"."""
+    for digits in range(3, 9):
+        text = f"{value:.{digits}g}"
+        if value == threshold or float(text) != threshold:
+            return text
+    return text
+
+
 def checks_lines(checks: Sequence[TargetCheck]) -> list[str]:
     """One line per target check: misses, then n/a, passes and the reported (not judged) fp32 rows."""
     order = {"MISS": 0, "n/a": 1, "PASS": 2, "reported": 3}
     lines = []
     for c in sorted(checks, key=lambda c: order[c.status]):
         op = ">=" if c.higher_is_better else "<="
-        value = "missing" if c.value is None else f"{c.value:.3g}"
+        value = "missing" if c.value is None else _value_text(c.value, c.threshold)
         lines.append(
             f"{c.status:4}  {c.case} {c.dtype} {c.direction}: {c.target} = {value} "
-            f"(target {op} {c.threshold:g})"
+            f"(target {op} {c.threshold:g}{'; ' + c.note if c.note else ''})"
         )
     return lines
 

@@ -81,6 +81,7 @@ class TargetCheck:
     threshold: float
     higher_is_better: bool
     judged: bool = True  # False: reported only (fp32)
+    note: str = ""  # context printed after the target (not judged)
 
     @property
     def met(self) -> bool | None:
