@@ -663,3 +663,54 @@ def test_fused_forward_pickled_before_acts_existed_means_silu():
     assert old.acts == ("silu", "silu")
     with pytest.raises(ValueError, match="2 fused GroupNorms but 1 acts"):
         FusedForward(model.down[0], forward.graph_module, forward.fused, ("relu",))
+
+
+class ThroughIdentity(nn.Module):
+    """timm's ResNet blocks: ``self.drop_block`` (an nn.Identity unless drop-block is on) between the
+    GroupNorm and its activation; here also two in a row, a hooked one, one whose output is read
+    twice, and a Dropout (not an identity) in between."""
+
+    def __init__(self, c: int = 4) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList([nn.GroupNorm(2, c) for _ in range(5)])
+        self.drop_block, self.aa, self.hooked = nn.Identity(), nn.Identity(), nn.Identity()
+        self.hooked.register_forward_hook(lambda *args: None)
+        self.act = nn.ReLU(inplace=True)
+        self.dropout = nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.norms
+        h = self.act(self.drop_block(n[0](x)))
+        h = F.silu(self.aa(self.drop_block(n[1](h))))
+        h = self.act(self.hooked(n[2](h)))
+        d = self.drop_block(n[3](h))
+        h = self.act(d) + d
+        return self.act(self.dropout(n[4](h)))
+
+
+def test_an_identity_between_the_groupnorm_and_its_activation_is_passed_through():
+    model = randomize(ThroughIdentity())
+    ref = copy.deepcopy(model)
+    model, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.fused == ["norms.0", "norms.1"]
+    assert [norm.act for norm in model.norms] == ["relu", "silu", None, None, None]
+    assert "also used elsewhere" in report.skipped["norms.3+act"]
+    assert "norms.2+act" not in report.skipped and "norms.4+act" not in report.skipped  # (no pair found)
+    code = model.forward.code
+    assert code.count("self.act(") == 3 and "silu" not in code and "self.drop_block(" in code, code
+    x = torch.randn(2, 4, 3, 5)
+    assert_same_step(model, ref, x)
+    model, _ = revert_groupnorm(model)
+    assert "forward" not in vars(model) and all(type(norm) is nn.GroupNorm for norm in model.norms)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
+
+
+def test_timm_resnet50_gn_fuses_the_activation_after_its_drop_block():
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("resnet50_gn", pretrained=False)
+    _, report = convert_groupnorm(model, fuse_calls=True)
+    # per bottleneck bn1 -> act1 and bn2 -> drop_block -> act2 (bn3 is added to the shortcut first),
+    # and the stem's
+    assert report.summary() == {"swapped": 53, "fused": 33, "already": 0, "skipped": 0}
+    assert "layer1.0.bn2" in report.fused and "layer1.0.bn3" not in report.fused

@@ -254,7 +254,8 @@ def convert_groupnorm(
 
     ``fuse_calls=True`` (needs an activation to fuse) also fuses a GroupNorm called inside a module's
     ``forward`` whose output is used only by one activation call (an activation module, ``F.silu``,
-    ``F.relu``, ``torch.relu``, ``F.gelu``...; module docstring), as in diffusers' ResNet blocks.
+    ``F.relu``, ``torch.relu``, ``F.gelu``...; module docstring), as in diffusers' ResNet blocks,
+    directly or through ``nn.Identity`` calls (timm's ``drop_block``).
     The ``forward`` of each module that owns a GroupNorm is traced with `torch.fx` (its submodules
     are called, not traced into); where a pair is found, that module's ``forward`` becomes a
     `FusedForward` running the edited graph. The graph is specialized as fx

@@ -5,7 +5,9 @@ torch.fx and fused into the GroupNorm; `FusedForward` runs the edited graph in t
 The activation calls recognized (`act_call`): a module `gn_module.convert.act_of_module` recognizes
 (``nn.SiLU``, ``nn.ReLU``, ``nn.GELU``...), ``F.silu``, ``F.relu``, ``F.relu_``/``torch.relu_``,
 ``torch.relu``, ``Tensor.relu``/``relu_`` and ``F.gelu`` with a constant ``approximate``; each applied
-to the GroupNorm output alone (in place or not: nothing else reads that output).
+to the GroupNorm output alone (in place or not: nothing else reads that output), directly or through
+``nn.Identity`` calls in between (timm's ResNet blocks call ``self.drop_block``, an ``nn.Identity``
+unless drop-block is on, between ``self.bn2`` and ``self.act2``).
 """
 
 from __future__ import annotations
@@ -172,6 +174,15 @@ def act_call(node: torch.fx.Node, source: torch.fx.Node, owner: nn.Module) -> tu
     return act, how
 
 
+def passes_through(node: torch.fx.Node, source: torch.fx.Node, owner: nn.Module) -> bool:
+    """Whether ``node`` calls an ``nn.Identity`` (the class itself, without hooks) on exactly ``source``:
+    it returns its input, so an activation after it may be fused into the GroupNorm before it."""
+    if node.op != "call_module" or node.args != (source,) or node.kwargs:
+        return False
+    identity = owner.get_submodule(node.target)
+    return type(identity) is nn.Identity and not _has_hooks(identity)
+
+
 def fuse_traced_calls(
     module: nn.Module,
     name: str,
@@ -205,21 +216,24 @@ def fuse_traced_calls(
         return f"{name}.{target}" if name else str(target)
 
     calls = Counter(id(module.get_submodule(n.target)) for n in graph.nodes if n.op == "call_module")
-    pairs: list[tuple[torch.fx.Node, torch.fx.Node, GroupNorm, str]] = []
+    pairs: list[tuple[torch.fx.Node, torch.fx.Node, GroupNorm, str, torch.fx.Node]] = []
     for node in graph.nodes:
         if node.op != "call_module":
             continue
         norm = module.get_submodule(node.target)
         if not (isinstance(norm, GroupNorm) and norm.act is None and groupnorm_act(norm) == (None, None)):
             continue
-        found = [(user, call) for user in node.users if (call := act_call(user, node, module)) is not None]
+        head = node  # the GroupNorm's output, or the last nn.Identity call it passes through alone
+        while len(head.users) == 1 and passes_through(next(iter(head.users)), head, module):
+            head = next(iter(head.users))
+        found = [(user, call) for user in head.users if (call := act_call(user, head, module)) is not None]
         found = [(user, call) for user, call in found if call[0] in acts]
         if not found:
             continue
         user, (act, how) = found[0]
         act_module = module.get_submodule(user.target) if user.op == "call_module" else None
         reason = None
-        if len(node.users) != 1:
+        if len(head.users) != 1:
             reason = "the GroupNorm output is also used elsewhere in forward"
         elif len(node.args) != 1 or node.kwargs:
             reason = "the GroupNorm is called with more than its input"
@@ -232,18 +246,18 @@ def fuse_traced_calls(
                 f"not fused: {reason}"
             )
             continue
-        pairs.append((node, user, norm, act))
+        pairs.append((node, user, norm, act, head))
     if not pairs:
         return
-    for node, user, _, _ in pairs:
-        user.replace_all_uses_with(node)
+    for _, user, _, _, head in pairs:  # (an nn.Identity in between stays: it passes the activated output)
+        user.replace_all_uses_with(head)
         graph.erase_node(user)
     graph.lint()
     graph_module = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
-    fused = tuple(str(node.target) for node, _, _, _ in pairs)
-    fused_acts = tuple(act for _, _, _, act in pairs)
+    fused = tuple(str(node.target) for node, *_ in pairs)
+    fused_acts = tuple(act for _, _, _, act, _ in pairs)
     module.forward = FusedForward(module, graph_module, fused, fused_acts)  # an instance attribute
-    for node, _, norm, act in pairs:
+    for node, _, norm, act, _ in pairs:
         norm.act = act
         report.fused.append(qualified(node.target))
     report.rewritten.append(name)
