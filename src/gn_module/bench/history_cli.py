@@ -44,8 +44,10 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         )
         p.add_argument("--plot", metavar="PATH", help="write a PNG of SOL over runs (needs matplotlib)")
         p.add_argument("--newest", action="store_true", help="print only the path of the newest saved run")
-    elif command == "table":
-        p.add_argument("--run", metavar="JSON", help="the run to show (default: the newest saved run)")
+        return p
+    # gate and table: one run, the newest saved one unless named
+    p.add_argument("--run", metavar="JSON", help="the run to judge or show (default: the newest saved run)")
+    if command == "table":
         p.add_argument(
             "--against",
             metavar="JSON",
@@ -53,7 +55,6 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         )
         p.add_argument("--no-against", action="store_true", help="leave out the comparison columns")
     else:
-        p.add_argument("--run", metavar="JSON", help="the run to judge (default: the newest saved run)")
         p.add_argument(
             "--baseline",
             metavar="JSON",
@@ -85,16 +86,15 @@ def main(command: str, argv: Sequence[str]) -> int:
                 else:
                     print("matplotlib is not installed; no plot written (pip install matplotlib)")
             return 0
+        current = history.load_run(args.run) if args.run else history.newest_run(args.storage)
         if command == "table":
-            run = history.load_run(args.run) if args.run else history.newest_run(args.storage)
             against = None
             if args.against:
                 against = history.load_run(args.against)
             elif not args.no_against and len(history.load_runs(args.storage)) > 1:
-                against = history.newest_per_benchmark(args.storage, exclude=[run.path])
-            print(history.run_tables(run, against))
+                against = history.newest_per_benchmark(args.storage, exclude=[current.path])
+            print(history.run_tables(current, against))
             return 0
-        current = history.load_run(args.run) if args.run else history.newest_run(args.storage)
         baseline = (
             history.load_run(args.baseline)
             if args.baseline

@@ -49,7 +49,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -654,9 +654,12 @@ def check_criteria(rows: Sequence[Row], judged: bool = True) -> list[TargetCheck
     checks: list[TargetCheck] = []
     for r in rows:
         mode = "compile" if r.compiled else "eager"
+        where = (r.model, r.precision, mode)
 
-        def add(target: str, value: float | None, threshold: float, higher: bool = True) -> None:
-            checks.append(TargetCheck(r.model, r.precision, mode, target, value, threshold, higher, judged))  # noqa: B023
+        def add(
+            target: str, value: float | None, threshold: float, higher: bool = True, note: str = ""
+        ) -> None:
+            checks.append(TargetCheck(*where, target, value, threshold, higher, judged, note))  # noqa: B023
 
         if not r.compiled:
             add("saved / t_GN", r.gn_removed, GN_REMOVED_MIN)
@@ -668,12 +671,11 @@ def check_criteria(rows: Sequence[Row], judged: bool = True) -> list[TargetCheck
         base, ours = r.baseline, r.swapped
         peaks = (base.peak_mib, ours.peak_mib) if base and ours else (None, None)
         ratio = peaks[1] / peaks[0] if None not in peaks and peaks[0] else None
-        add("peak memory swapped / baseline", ratio, PEAK_RATIO_MAX, higher=False)
-        cl = r.measurements.get("channels_last")
+        cl, note = r.measurements.get("channels_last"), ""
         if r.baseline_layout == "contiguous" and ours and ours.peak_mib and cl and cl.ok and cl.peak_mib:
             # the swap runs channels_last: how much of a NCHW baseline's ratio is that layout's (not judged)
             note = f"swapped / channels_last baseline {ours.peak_mib / cl.peak_mib:.4f}"
-            checks[-1] = replace(checks[-1], note=note)
+        add("peak memory swapped / baseline", ratio, PEAK_RATIO_MAX, higher=False, note=note)
     return checks
 
 
