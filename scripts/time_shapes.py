@@ -3,10 +3,11 @@
     python scripts/time_shapes.py 32x320x64x64 32x128x256x256:G32 1x512x128x128:G32:silu [--dtype fp16]
         [--directions fwd,bwd] [--passes auto,1,2] [--json PATH]
 
-Each shape is NxCxHxW (or NxCxDxHxW), optionally followed by :G<groups> (default 32) and :silu. The
-timer is the benchmark's (CUDA events, L2 flushed, median); TB/s counts the minimum bytes (forward x
-and y, backward x, dy and dx) and SOL divides by the copy bandwidth measured in the same run. The plan
-printed beside each row is `gn_module.plan`'s. `--passes` times each schedule given (default auto only;
+Each shape is NxCxHxW (or NxCxDxHxW), optionally followed by :G<groups> (default 32) and an
+activation (:silu, :relu, :gelu, :gelu_tanh; both directions run it). The timer is the benchmark's
+(CUDA events, L2 flushed, median); TB/s counts the minimum bytes (forward x and y, backward x, dy and
+dx) and SOL divides by the copy bandwidth measured in the same run. The plan printed beside each row
+is `gn_module.plan`'s. `--passes` times each schedule given (default auto only;
 1 forces one launch, 2 the stats and apply launches), to check what `auto` picks.
 """
 
@@ -19,7 +20,7 @@ import sys
 import torch
 
 import gn_module
-from gn_module import ops
+from gn_module import _abi, ops
 from gn_module.bench.timing import EventTimer, copy_bandwidth, time_cuda
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -33,7 +34,7 @@ def parse(spec: str) -> tuple[tuple[int, ...], int, str | None]:
     for o in opts:
         if o.startswith("G"):
             groups = int(o[1:])
-        elif o in ("silu", "relu", "gelu"):
+        elif o in _abi.ACT_CODES:
             act = o
         else:
             raise SystemExit(f"unknown option {o!r} in {spec!r}")
@@ -55,7 +56,7 @@ def time_shape(
     sched: int | str = passes if passes == "auto" else int(passes)
     shape, groups, act = parse(spec)
     dtype = DT[dname]
-    act_id = 0 if act is None else 1
+    act_id = _abi.ACT_CODES[act]
     g = torch.Generator(device="cuda").manual_seed(0)
     fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
     x = torch.empty(shape, device="cuda", dtype=dtype).to(memory_format=fmt)

@@ -68,7 +68,7 @@ def timed_call(x, dy, w, b, groups: int, act: str | None, sched: int | str) -> C
     import torch
 
     import gn_module
-    from gn_module import ops
+    from gn_module import _abi, ops
 
     if dy is None:
 
@@ -77,7 +77,7 @@ def timed_call(x, dy, w, b, groups: int, act: str | None, sched: int | str) -> C
                 return gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=sched)
 
         return forward
-    act_id = 0 if act is None else 1
+    act_id = _abi.ACT_CODES[act]
     with torch.no_grad():
         _, mean, rstd = ops.forward(x, w, b, groups, 1e-5, act_id, "auto")
     return lambda: ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, sched)
