@@ -83,6 +83,11 @@ typedef struct GnArgs {
   // lockstep (DRAM idle while they all wait) take turns. Timing only: the same tiles, the same bits.
   int32_t stagger_ns;
   int32_t stagger_phases;
+  // The two-launch task backward's dweight/dbias strips (schedule.TaskPlan.strip_blocks; 0: none): the
+  // apply launch adds this many blocks after its `grid`, one per strip, and its dx blocks leave the strips
+  // to them (they only wait for the stats launch). 0: every block sums its share of the strips behind its
+  // first dx copies. Which block sums a strip changes no bits.
+  int32_t strip_blocks;
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

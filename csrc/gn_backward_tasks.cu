@@ -53,11 +53,12 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   // trace points of the block's first task (its team's last): 8 start, 10 dx written (its dweight/dbias
   // strips included: they run behind the first copies); 15 the block's end (the stats launch's are 0-5)
   trace_point(a, 8);
-  // dweight and dbias: this block's strips. Before them, and before the coefficients, the stats launch's
-  // writes (a dependent launch waits here, behind its first copies: x and dy are that launch's inputs)
+  // dweight and dbias: this block's strips (none for a dx block where strip blocks of their own take them:
+  // GnArgs::strip_blocks). Before them, and before the coefficients, the stats launch's writes (a
+  // dependent launch waits here, behind its first copies: x and dy are that launch's inputs)
   auto param_sums = [&] {
     wait_for_prerequisites();
-    bwd_param_sums(a, sm.scratch);
+    if (a.strip_blocks == 0 || static_cast<int>(blockIdx.x) >= a.grid) bwd_param_sums(a, sm.scratch);
   };
   if (team < a.teams && team < tasks) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);

@@ -175,8 +175,9 @@ inline int launch_pair(const GnArgs& a, cudaStream_t stream, Kernel stats, Kerne
   const unsigned blocks = static_cast<unsigned>(a.grid);
   stats<<<blocks, kThreads, a.smem, stream>>>(a);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  const unsigned apply_blocks = blocks + static_cast<unsigned>(a.strip_blocks);  // (the backward's strips)
   if (!a.dependent_launch) {
-    apply<<<blocks, kThreads, a.smem, stream>>>(a);
+    apply<<<apply_blocks, kThreads, a.smem, stream>>>(a);
     return cudaGetLastError();
   }
   // the apply launch's blocks take the SMs the stats launch frees, and wait there for its writes
@@ -184,7 +185,7 @@ inline int launch_pair(const GnArgs& a, cudaStream_t stream, Kernel stats, Kerne
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
+  config.gridDim = dim3(apply_blocks);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = static_cast<size_t>(a.smem);
   config.stream = stream;

@@ -1050,12 +1050,17 @@ static __device__ void bwd_param_totals_now(const GnArgs& a) {
 // sums its strips before its dx, behind its first copies, and the last of the blocks that have strips
 // writes the totals. (After the dx, as before, the strips and the last block's totals were a chain at
 // the launch's end: 2x1280x16x16's apply launch 14.1 us with them, 7.3 without; RESULTS.md session 9.)
+// With GnArgs::strip_blocks, the blocks [grid, grid + strip_blocks) take the strips instead (one each),
+// and the dx blocks none: then no dx waits for a strip or for the totals.
 static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
   if (a.dweight == nullptr && a.dbias == nullptr) return;
   const int64_t strips = bwd_param_strips(a);
-  if (blockIdx.x >= strips) return;  // (uniform in the block)
-  for (int64_t strip = blockIdx.x; strip < strips; strip += gridDim.x) bwd_param_strip(a, strip, fold);
-  const unsigned with_strips = static_cast<unsigned>(strips < gridDim.x ? strips : gridDim.x);
+  const int first = a.strip_blocks > 0 ? a.grid : 0;  // this launch's strip blocks
+  const int count = a.strip_blocks > 0 ? a.strip_blocks : static_cast<int>(gridDim.x);
+  const int i = static_cast<int>(blockIdx.x) - first;
+  if (i < 0 || i >= strips) return;  // (uniform in the block)
+  for (int64_t strip = i; strip < strips; strip += count) bwd_param_strip(a, strip, fold);
+  const unsigned with_strips = static_cast<unsigned>(strips < count ? strips : count);
   if (arrive(columns(a, 0), with_strips)) bwd_param_totals_now(a);  // (task 0's column word)
 }
 

@@ -145,13 +145,18 @@ def trace_backward() -> int:
         y = gn_module.group_norm(x, groups, w, b, 1e-5, act)
         torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)  # warm up, build
         flush.zero_()
-        with ops.phase_trace(plan.grid) as trace:
+        with ops.phase_trace(plan.grid + plan.strip_blocks) as trace:  # (the apply's strip blocks too)
             torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
             torch.cuda.synchronize()
         t = trace.cpu()
         print(f"{'x'.join(map(str, shape))} backward grid {plan.grid} {plan.teams} (us at {ghz:.2f} GHz)")
-        for name, a, z in BWD_ONEPASS_PHASES if plan.schedule == 1 else BWD_PHASES:
+        strip_rows = torch.arange(t.shape[0]) >= plan.grid  # the apply launch's strip blocks, if any
+        phases = BWD_ONEPASS_PHASES if plan.schedule == 1 else BWD_PHASES
+        if plan.schedule == 2 and ops.strip_blocks_enabled() and plan.strip_blocks:
+            phases = (*phases, ("apply launch: a strip block (strips, totals)", 8, 15))
+        for name, a, z in phases:
             ok = (t[:, a] >= 0) & (t[:, z] >= 0)
+            ok &= strip_rows if name.startswith("apply launch: a strip block") else ~strip_rows
             if ok.any():
                 d = (t[ok, z] - t[ok, a]).double() / (ghz * 1e3)
                 med, most, blocks = d.median().item(), d.max().item(), int(ok.sum())

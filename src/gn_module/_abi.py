@@ -95,6 +95,7 @@ class GnArgs(ctypes.Structure):
         *((f"{name}_{part}", _u32) for name in FAST_DIVISORS for part in ("mul", "shift")),
         ("stagger_ns", _i32),  # the one-launch forward's team stagger (schedule.team_stagger; 0: off)
         ("stagger_phases", _i32),  # team j starts (j % stagger_phases) * stagger_ns late
+        ("strip_blocks", _i32),  # backward apply launch: extra blocks for the dweight/dbias strips
     ]
 
 

@@ -212,6 +212,12 @@ _DEPENDENT = _LaunchSwitch(ENV_DEPENDENT, default=True)
 #: (csrc fwd_task_cluster). Same plan, same bits. GN_CLUSTER_TEAMS=0 turns it off.
 ENV_CLUSTER = "GN_CLUSTER_TEAMS"
 _CLUSTER = _LaunchSwitch(ENV_CLUSTER, default=True)
+#: Off by default (new in session 24, not yet through the GPU suite): the two-launch task backward's apply
+#: launch gets blocks of its own for the dweight/dbias strips where they fit beside its grid
+#: (schedule.TaskPlan.strip_blocks), so its dx blocks wait for no strip. Same bits. GN_STRIP_BLOCKS=1
+#: turns it on.
+ENV_STRIP_BLOCKS = "GN_STRIP_BLOCKS"
+_STRIP_BLOCKS = _LaunchSwitch(ENV_STRIP_BLOCKS, default=False)
 
 
 def dependent_launches(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
@@ -231,6 +237,19 @@ def cluster_teams(enabled: bool = True) -> contextlib.AbstractContextManager[Non
     builds; schedule.cluster_teams_fit says which plans), or with False never, whatever GN_CLUSTER_TEAMS
     says. Same bits either way."""
     return _CLUSTER.scoped(enabled)
+
+
+def strip_blocks(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, the two-launch task backward gives its dweight/dbias strips blocks of their own
+    where they fit (schedule.TaskPlan.strip_blocks), or with False never, whatever GN_STRIP_BLOCKS says.
+    Same bits either way."""
+    return _STRIP_BLOCKS.scoped(enabled)
+
+
+def strip_blocks_enabled() -> bool:
+    """Whether strip blocks are asked for: the innermost `strip_blocks` block, else GN_STRIP_BLOCKS
+    (off unless "1")."""
+    return _STRIP_BLOCKS.enabled()
 
 
 def cluster_teams_enabled() -> bool:
@@ -846,6 +865,7 @@ def _launch(
         dependent_launches_enabled(),
         cluster_teams_enabled(),
         team_stagger_setting(),
+        strip_blocks_enabled(),
     )
     launch = _launches.get(key)
     if launch is None:
@@ -877,6 +897,7 @@ def _new_launch(key: tuple) -> _Launch | object:
         dependent,
         clusters,
         stagger,
+        strips,
     ) = key
     try:
         p = plan(
@@ -898,6 +919,7 @@ def _new_launch(key: tuple) -> _Launch | object:
     a = _args(p, dtype, eps, _ACTS[act], param_dtype, index, wide)
     if isinstance(p, schedule.TaskPlan):
         a.stagger_ns, a.stagger_phases = schedule.team_stagger(p, *stagger)
+        a.strip_blocks = p.strip_blocks if strips else 0
     lib = library(index, variant)
     dependent = dependent and isinstance(p, schedule.TaskPlan) and p.schedule == 2
     clusters = clusters and isinstance(p, schedule.TaskPlan) and schedule.cluster_teams_fit(p)

@@ -228,6 +228,27 @@ class Plan:
     def workspace_bytes(self) -> int:
         return 4 * sum(self.workspace_floats.values())
 
+    @property
+    def param_strips(self) -> int:
+        """The backward's dweight/dbias strips: BWD_STRIP_CHANNELS channels of one task each (csrc
+        bwd_param_strips); 0 for the forward."""
+        if self.direction != "bwd":
+            return 0
+        return self.tiling.tasks * -(-self.tiling.window // BWD_STRIP_CHANNELS)
+
+    @property
+    def strip_blocks(self) -> int:
+        """Blocks the two-launch backward's apply launch adds after its grid for the dweight/dbias strips
+        (GnArgs.strip_blocks, where ops.strip_blocks allows): one per strip, where they fit beside the
+        grid in one wave of resident blocks, so that no dx block waits for a strip or for the totals.
+        0 (every block sums its share behind its first dx copies) where they do not fit, for the
+        forward and for the one launch. Which block sums a strip changes no bits."""
+        if self.direction != "bwd" or self.schedule != 2:
+            return 0
+        resident = self.residency if self.cap is None else min(self.residency, self.cap)
+        strips = self.param_strips
+        return strips if self.grid + strips <= min(resident, (1 << GENERATION_BITS) - 1) else 0
+
     def describe(self) -> dict:
         out = asdict(self)
         out["smem"] = self.smem
@@ -405,6 +426,8 @@ SYNC_WORDS_PER_TASK = 3
 #: Most blocks of a team that runs as one thread-block cluster (the portable cluster size; csrc
 #: fwd_task_cluster, sm_90 builds, ops.cluster_teams).
 CLUSTER_MAX_TEAM = 8
+#: Channels of one dweight/dbias strip of the backward (csrc bwd_param_strip: a warp's lanes).
+BWD_STRIP_CHANNELS = 32
 #: Low bits of an arrival counter that count one launch's arrivals (csrc kGenerationBits): the high bits
 #: number the launches, and a task launch has fewer blocks than 2**GENERATION_BITS (`make_task_plan`).
 GENERATION_BITS = 16
@@ -828,6 +851,27 @@ class TaskPlan:
     @property
     def workspace_bytes(self) -> int:
         return 4 * sum(self.workspace_floats.values())
+
+    @property
+    def param_strips(self) -> int:
+        """The backward's dweight/dbias strips: BWD_STRIP_CHANNELS channels of one task each (csrc
+        bwd_param_strips); 0 for the forward."""
+        if self.direction != "bwd":
+            return 0
+        return self.tiling.tasks * -(-self.tiling.window // BWD_STRIP_CHANNELS)
+
+    @property
+    def strip_blocks(self) -> int:
+        """Blocks the two-launch backward's apply launch adds after its grid for the dweight/dbias strips
+        (GnArgs.strip_blocks, where ops.strip_blocks allows): one per strip, where they fit beside the
+        grid in one wave of resident blocks, so that no dx block waits for a strip or for the totals.
+        0 (every block sums its share behind its first dx copies) where they do not fit, for the
+        forward and for the one launch. Which block sums a strip changes no bits."""
+        if self.direction != "bwd" or self.schedule != 2:
+            return 0
+        resident = self.residency if self.cap is None else min(self.residency, self.cap)
+        strips = self.param_strips
+        return strips if self.grid + strips <= min(resident, (1 << GENERATION_BITS) - 1) else 0
 
     def describe(self) -> dict:
         out = asdict(self)
