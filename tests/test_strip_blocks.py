@@ -1,5 +1,5 @@
-"""The backward's strip blocks without a GPU (opt-in: ops.strip_blocks, GN_STRIP_BLOCKS=1): which plans give
-the two-launch backward's apply launch blocks of their own for the dweight/dbias strips
+"""The backward's strip blocks without a GPU (on by default; ops.strip_blocks, GN_STRIP_BLOCKS=0): which
+plans give the two-launch backward's apply launch blocks of their own for the dweight/dbias strips
 (schedule.TaskPlan.strip_blocks), and when a launch asks for them (GnArgs.strip_blocks). The bits with and
 without them are compared on a GPU in tests/gpu/test_strip_blocks.py."""
 
@@ -57,16 +57,16 @@ def test_only_where_they_fit_beside_the_grid() -> None:
     assert plan(SMALL, residency=150).strip_blocks == 0
 
 
-def test_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not ops.strip_blocks_enabled() and strip_blocks_asked() == 0
-    with ops.strip_blocks():
-        assert strip_blocks_asked() == 80
-        with ops.strip_blocks(False):
-            assert strip_blocks_asked() == 0
-    monkeypatch.setenv(ops.ENV_STRIP_BLOCKS, "1")
+def test_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ops.strip_blocks_enabled() and strip_blocks_asked() == 80
+    with ops.strip_blocks(False):
+        assert strip_blocks_asked() == 0
+        with ops.strip_blocks():
+            assert strip_blocks_asked() == 80
     monkeypatch.setenv(ops.ENV_STRIP_BLOCKS, "0")
-    assert strip_blocks_asked() == 0
+    assert not ops.strip_blocks_enabled() and strip_blocks_asked() == 0
+    monkeypatch.setenv(ops.ENV_STRIP_BLOCKS, "1")
+    assert strip_blocks_asked() == 80
 
 
 def test_only_the_two_launch_backward_asks(monkeypatch: pytest.MonkeyPatch) -> None:

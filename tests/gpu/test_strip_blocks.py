@@ -1,9 +1,9 @@
-"""GPU tests of the backward's strip blocks (opt-in: ops.strip_blocks, GN_STRIP_BLOCKS=1): the two-launch task
-backward's apply launch adds blocks of its own for the dweight/dbias strips (schedule.TaskPlan.strip_blocks),
-and its dx blocks leave the strips to them. Against the fp64 reference with poisoned outputs, bitwise equal to
-the launch without them (at the natural residency, where they fit, and under caps, where they may not), and
-the trace shows the extra blocks ran: a launch whose strip blocks skip their strips leaves dweight and dbias
-poisoned."""
+"""GPU tests of the backward's strip blocks (on by default; ops.strip_blocks, GN_STRIP_BLOCKS=0): the
+two-launch task backward's apply launch adds blocks of its own for the dweight/dbias strips
+(schedule.TaskPlan.strip_blocks), and its dx blocks leave the strips to them. Against the fp64 reference with
+poisoned outputs, bitwise equal to the launch without them (at the natural residency, where they fit, and
+under caps, where they may not), and the trace shows the extra blocks ran: a launch whose strip blocks skip
+their strips leaves dweight and dbias poisoned."""
 
 from __future__ import annotations
 
@@ -41,13 +41,13 @@ def strip_blocks_of(x, w, groups: int) -> int:
     return _abi.GnArgs.from_buffer_copy(launch.args).strip_blocks
 
 
-def test_the_launch_asks_for_them_only_when_turned_on():
+def test_the_launch_asks_for_them_unless_turned_off():
     x, w, _, _ = make_case((2, 1280, 16, 16), 32, torch.float16)
     plan = ops.plan(x.shape, 32, x.dtype, "bwd", 2)
     assert plan.strip_blocks == plan.param_strips > 0
-    assert strip_blocks_of(x, w, 32) == 0
-    with ops.strip_blocks():
-        assert strip_blocks_of(x, w, 32) == plan.strip_blocks
+    assert strip_blocks_of(x, w, 32) == plan.strip_blocks
+    with ops.strip_blocks(False):
+        assert strip_blocks_of(x, w, 32) == 0
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
