@@ -21,18 +21,22 @@ def check(x: torch.Tensor, groups: int, dy: torch.Tensor, autocast: torch.dtype 
     under `autocast` (the wide launches: y float32) when given."""
     w = torch.randn(x.shape[1], device="cuda")
     b = torch.randn(x.shape[1], device="cuda")
-    ref_y, ref_dx, _, _ = reference.forward_backward(x, groups, w, b, 1e-5, "silu", dy)
+    ref_y, ref_dx, ref_dw, ref_db = reference.forward_backward(x, groups, w, b, 1e-5, "silu", dy)
     y_dtype = x.dtype if autocast is None else torch.float32
     for passes in (1, 2):
         for cap in (1, 7, None):
-            xr = x.detach().requires_grad_(True)
+            # weight and bias take gradients too: the backward's dweight/dbias strips (and, where they fit
+            # beside the grid, the apply launch's strip blocks) run under the tools
+            xr, wr, br = (t.detach().requires_grad_(True) for t in (x, w, b))
             label = f"{x.dtype} {autocast=} {passes=} {cap=}"
             with gn_module.max_resident_blocks(cap) if cap else contextlib.nullcontext():
                 with torch.autocast("cuda", dtype=autocast or torch.float16, enabled=autocast is not None):
-                    y = gn_module.group_norm(xr, groups, w, b, act="silu", passes=passes)
-                (dx,) = torch.autograd.grad(y, xr, dy)
+                    y = gn_module.group_norm(xr, groups, wr, br, act="silu", passes=passes)
+                dx, dw, db = torch.autograd.grad(y, (xr, wr, br), dy)
             reference.compare(y, ref_y, y_dtype, f"y {label}")
             reference.compare(dx, ref_dx, x.dtype, f"dx {label}")
+            reference.compare(dw, ref_dw, torch.float16, f"dweight {label}")  # (float32 parameters)
+            reference.compare(db, ref_db, torch.float16, f"dbias {label}")
 
 
 def main() -> None:
