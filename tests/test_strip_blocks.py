@@ -16,7 +16,7 @@ SMALL = (2, 1280, 16, 16)  # 16 tasks of 6 members (96 blocks), 5 strips each: 1
 
 @pytest.fixture(autouse=True)
 def _no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (ops.ENV_CAP, ops.ENV_ARCH, ops.ENV_STRIP_BLOCKS):
+    for name in (ops.ENV_CAP, ops.ENV_ARCH, ops.ENV_STRIP_BLOCKS, ops.ENV_STRIP_ROOM):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -81,3 +81,36 @@ def test_only_the_two_launch_backward_asks(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_the_field_is_in_the_abi() -> None:
     assert _abi.GnArgs.strip_blocks.offset == _abi.GnArgs.stagger_phases.offset + 4
+
+
+def test_room_for_strips_only_at_no_cost() -> None:
+    mid = (2, 320, 64, 64)  # 4 tasks of 86 tiles: 66 members hold 2 tiles each, so do 61
+    p = plan(mid)
+    assert p.grid == 264 and p.param_strips == 20 and p.strip_blocks == 0
+    n, c, rows = mid[0], mid[1], mid[2] * mid[3]
+    t = schedule.task_tiling(c, 32, rows, 2, "bwd", batch=n)
+    roomy = schedule.make_task_plan(t, 2, 3, 264, strip_room=True)
+    assert roomy.teams.team_size == 61 and roomy.grid == 244 and roomy.strip_blocks == 20
+    assert schedule.busiest_block(roomy.teams) == schedule.busiest_block(p.teams)
+    # 1x512x128x128: 64 members hold one tile each; 62 would hold two: no room taken
+    t = schedule.task_tiling(512, 32, 128 * 128, 2, "bwd", batch=1)
+    assert schedule.make_task_plan(t, 2, 3, 264, strip_room=True).grid == 256
+    # already room (2x1280x16x16), the forward, the one launch: unchanged
+    t = schedule.task_tiling(1280, 32, 256, 2, "bwd", batch=2)
+    assert schedule.make_task_plan(t, 2, 3, 264, strip_room=True).grid == 96
+    t = schedule.task_tiling(320, 32, rows, 2, "fwd", batch=n)
+    assert (
+        schedule.make_task_plan(t, 2, 3, 264, strip_room=True).grid
+        == schedule.make_task_plan(t, 2, 3, 264).grid
+    )
+
+
+def test_room_is_opt_in_and_needs_strip_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    mid = (2, 320, 64, 64)
+    assert not ops.strip_room_enabled() and strip_blocks_asked(mid) == 0
+    with ops.strip_room():
+        assert ops.strip_room_enabled() and strip_blocks_asked(mid) == 20
+        with ops.strip_blocks(False):
+            assert not ops.strip_room_enabled() and strip_blocks_asked(mid) == 0
+    monkeypatch.setenv(ops.ENV_STRIP_ROOM, "1")
+    assert strip_blocks_asked(mid) == 20

@@ -219,6 +219,12 @@ _CLUSTER = _LaunchSwitch(ENV_CLUSTER, default=True)
 #: GN_STRIP_BLOCKS=0 turns it off.
 ENV_STRIP_BLOCKS = "GN_STRIP_BLOCKS"
 _STRIP_BLOCKS = _LaunchSwitch(ENV_STRIP_BLOCKS, default=True)
+#: Off by default (new in session 24, not yet run on a GPU): with strip blocks on, the two-launch backward's
+#: teams take fewer blocks where that leaves room for the strip blocks at no cost to the busiest block
+#: (schedule.room_for_strips: 2x320x64x64's 264 blocks become 244 + 20 strip blocks). Same bits.
+#: GN_STRIP_ROOM=1 turns it on.
+ENV_STRIP_ROOM = "GN_STRIP_ROOM"
+_STRIP_ROOM = _LaunchSwitch(ENV_STRIP_ROOM, default=False)
 
 
 def dependent_launches(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
@@ -251,6 +257,19 @@ def strip_blocks_enabled() -> bool:
     """Whether strip blocks are asked for: the innermost `strip_blocks` block, else on unless
     GN_STRIP_BLOCKS=0."""
     return _STRIP_BLOCKS.enabled()
+
+
+def strip_room(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, the two-launch task backward's teams leave room for its strip blocks where that
+    costs nothing (schedule.room_for_strips), or with False never, whatever GN_STRIP_ROOM says. Only with
+    strip blocks on (`strip_blocks`). Same bits either way."""
+    return _STRIP_ROOM.scoped(enabled)
+
+
+def strip_room_enabled() -> bool:
+    """Whether the backward's teams leave room for strip blocks: the innermost `strip_room` block, else
+    GN_STRIP_ROOM (off unless "1"); never without strip blocks."""
+    return _STRIP_ROOM.enabled() and strip_blocks_enabled()
 
 
 def cluster_teams_enabled() -> bool:
@@ -591,7 +610,7 @@ def task_plan(
     chosen = int(chosen)
     if chosen == 1 and residency < 1:
         raise RuntimeError(f"gn_module: the one-pass task kernel cannot run C={c} {name} on this device")
-    return schedule.make_task_plan(t, chosen, slots, residency, cap)
+    return schedule.make_task_plan(t, chosen, slots, residency, cap, strip_room=strip_room_enabled())
 
 
 def plan(
@@ -867,6 +886,7 @@ def _launch(
         cluster_teams_enabled(),
         team_stagger_setting(),
         strip_blocks_enabled(),
+        strip_room_enabled(),
     )
     launch = _launches.get(key)
     if launch is None:
@@ -899,6 +919,7 @@ def _new_launch(key: tuple) -> _Launch | object:
         clusters,
         stagger,
         strips,
+        _,  # (strip_room_enabled: plan() reads it)
     ) = key
     try:
         p = plan(

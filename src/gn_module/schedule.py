@@ -228,27 +228,6 @@ class Plan:
     def workspace_bytes(self) -> int:
         return 4 * sum(self.workspace_floats.values())
 
-    @property
-    def param_strips(self) -> int:
-        """The backward's dweight/dbias strips: BWD_STRIP_CHANNELS channels of one task each (csrc
-        bwd_param_strips); 0 for the forward."""
-        if self.direction != "bwd":
-            return 0
-        return self.tiling.tasks * -(-self.tiling.window // BWD_STRIP_CHANNELS)
-
-    @property
-    def strip_blocks(self) -> int:
-        """Blocks the two-launch backward's apply launch adds after its grid for the dweight/dbias strips
-        (GnArgs.strip_blocks, where ops.strip_blocks allows): one per strip, where they fit beside the
-        grid in one wave of resident blocks, so that no dx block waits for a strip or for the totals.
-        0 (every block sums its share behind its first dx copies) where they do not fit, for the
-        forward and for the one launch. Which block sums a strip changes no bits."""
-        if self.direction != "bwd" or self.schedule != 2:
-            return 0
-        resident = self.residency if self.cap is None else min(self.residency, self.cap)
-        strips = self.param_strips
-        return strips if self.grid + strips <= min(resident, (1 << GENERATION_BITS) - 1) else 0
-
     def describe(self) -> dict:
         out = asdict(self)
         out["smem"] = self.smem
@@ -648,6 +627,18 @@ def member_tiles(tiles_per_task: int, team_size: int, member: int) -> tuple[int,
     return member * tiles_per_task // team_size, (member + 1) * tiles_per_task // team_size
 
 
+def param_strips(t: TaskTiling) -> int:
+    """The backward's dweight/dbias strips: BWD_STRIP_CHANNELS channels of one task each (csrc
+    bwd_param_strips)."""
+    return t.tasks * -(-t.window // BWD_STRIP_CHANNELS)
+
+
+def busiest_block(teams: TaskTeams) -> int:
+    """What `choose_teams` minimizes: the busiest block's traffic in chunks (read, write, re-read) plus a
+    per-round overhead."""
+    return teams.rounds * (2 * teams.chunks_per_member + teams.overflow_chunks + ROUND_OVERHEAD_CHUNKS)
+
+
 def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
     """The team size that minimizes the busiest block's traffic (in chunks: read, write, re-read)
     plus a per-round overhead, for `blocks` resident blocks that hold `slots` chunks each; among
@@ -660,10 +651,11 @@ def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
         rounds = -(-t.tasks // teams)
         chunks = -(-t.tiles_per_task // m) * t.chunks_per_tile
         overflow = max(0, chunks - slots)
+        candidate = TaskTeams(m, teams, rounds, chunks, overflow)
         # ties go to the larger grid: the same busiest block, but more SMs streaming
-        cost = (rounds * (2 * chunks + overflow + ROUND_OVERHEAD_CHUNKS), -m * teams)
+        cost = (busiest_block(candidate), -m * teams)
         if best is None or cost < best[0]:
-            best = (cost, TaskTeams(m, teams, rounds, chunks, overflow))
+            best = (cost, candidate)
     assert best is not None
     return best[1]
 
@@ -854,11 +846,8 @@ class TaskPlan:
 
     @property
     def param_strips(self) -> int:
-        """The backward's dweight/dbias strips: BWD_STRIP_CHANNELS channels of one task each (csrc
-        bwd_param_strips); 0 for the forward."""
-        if self.direction != "bwd":
-            return 0
-        return self.tiling.tasks * -(-self.tiling.window // BWD_STRIP_CHANNELS)
+        """The backward's dweight/dbias strips (`param_strips`); 0 for the forward."""
+        return param_strips(self.tiling) if self.direction == "bwd" else 0
 
     @property
     def strip_blocks(self) -> int:
@@ -884,11 +873,30 @@ class TaskPlan:
         return out
 
 
+def room_for_strips(t: TaskTiling, teams: TaskTeams, blocks: int) -> TaskTeams:
+    """The two-launch backward's teams on fewer blocks where that leaves one wave's room for a strip block
+    per dweight/dbias strip (`TaskPlan.strip_blocks`) at no cost to the busiest block (`busiest_block`):
+    e.g. 2x320x64x64 on 264 blocks, 4 teams of 61 instead of 66, each member still 2 tiles, beside 20 strip
+    blocks. Otherwise `teams`. Which block reduces which tile changes no bits."""
+    strips = param_strips(t)
+    if teams.teams * teams.team_size + strips <= blocks or strips >= blocks:
+        return teams
+    narrow = choose_teams(t, blocks - strips, TWO_PASS_NO_OVERFLOW)
+    return narrow if busiest_block(narrow) <= busiest_block(teams) else teams
+
+
 def make_task_plan(
-    t: TaskTiling, schedule: int, slots: int, residency: int, cap: int | None = None
+    t: TaskTiling,
+    schedule: int,
+    slots: int,
+    residency: int,
+    cap: int | None = None,
+    strip_room: bool = False,
 ) -> TaskPlan:
     """Grid, teams and workspace of the task kernels for `t`, with `slots` chunks per block and
-    `residency` co-resident one-pass blocks on the device."""
+    `residency` co-resident one-pass blocks on the device. `strip_room` (opt-in, ops.strip_room): the
+    two-launch backward's teams leave room for its strip blocks where that costs nothing
+    (`room_for_strips`)."""
     if schedule not in (1, 2):
         raise ValueError(f"schedule must be 1 (one-pass) or 2 (two-pass), got {schedule!r}")
     if cap is not None and cap < 1:
@@ -917,6 +925,8 @@ def make_task_plan(
         # by design: no overflow to weigh)
         blocks = max(1, min(most, residency if cap is None else min(residency, cap)))
         teams = choose_teams(t, blocks, TWO_PASS_NO_OVERFLOW)
+        if strip_room and t.direction == "bwd":
+            teams = room_for_strips(t, teams, blocks)
     grid = teams.teams * teams.team_size
     return TaskPlan(
         tiling=t,

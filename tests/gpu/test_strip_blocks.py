@@ -32,6 +32,7 @@ SHAPES = [
 def _task_kernels(monkeypatch):
     monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd")
     monkeypatch.delenv(ops.ENV_STRIP_BLOCKS, raising=False)
+    monkeypatch.delenv(ops.ENV_STRIP_ROOM, raising=False)
     with ops.poison_outputs():
         yield
 
@@ -101,3 +102,19 @@ def test_the_strip_blocks_ran():
     assert (extra[:, 8] >= 0).all() and (extra[:, 15] >= 0).all()  # every strip block started and ended
     assert (extra[:, 10] < 0).all()  # and wrote no dx
     assert (t[: plan.grid, 10] >= 0).any()
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_room_for_strips_against_fp64_and_bitwise(dtype):
+    # ops.strip_room (opt-in): 2x320x64x64's teams of 66 become 61, leaving room for its 20 strip blocks
+    x, w, b, dy = make_case((2, 320, 64, 64), 32, DTYPES[dtype], mean=3.0)
+    with ops.strip_room():
+        plan = ops.plan(x.shape, 32, x.dtype, "bwd", 2)
+        if plan.grid + plan.param_strips > plan.residency:
+            pytest.skip(f"no room on this GPU ({plan.residency} resident blocks)")
+        assert plan.strip_blocks == plan.param_strips
+        got = check_against_reference(x, 32, w, b, "silu", 2, dy)
+    with ops.strip_blocks(False):
+        plain = run(x, 32, w, b, "silu", 2, dy)
+    for a, b_ in zip(got, plain, strict=True):
+        assert torch.equal(a, b_)
