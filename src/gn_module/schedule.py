@@ -869,6 +869,7 @@ class TaskPlan:
             workspace_bytes=self.workspace_bytes,
             tiles=self.tiles,
             reread_tiles=self.reread_tiles,
+            strip_blocks=self.strip_blocks,
         )
         return out
 
