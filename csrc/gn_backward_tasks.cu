@@ -92,6 +92,12 @@ int launch_two(const GnArgs& a, cudaStream_t stream) {
 
 // (A wide launch, float32 dy, has the two launches only.)
 int launch_task_backward(const GnArgs& a, cudaStream_t stream) {
+  // strip blocks (schedule.TaskPlan.strip_blocks): the two-launch apply only, and with the grid fewer
+  // blocks than a counter's generation counts
+  const int64_t apply_blocks = int64_t{a.grid} + a.strip_blocks;
+  if (a.strip_blocks < 0 || (a.strip_blocks > 0 && a.schedule != 2) || apply_blocks >= kGeneration) {
+    return cudaErrorInvalidValue;
+  }
   if (a.schedule == 1) {
     if (a.wide_dtype != a.dtype) return cudaErrorInvalidValue;
     return launch_task_backward_onepass(a, stream);

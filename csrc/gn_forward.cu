@@ -279,6 +279,7 @@ extern "C" int gn_forward(const GnArgs* args, void* stream) {
   if (args->fanin != gn::kFanin) return cudaErrorInvalidValue;  // schedule.FANIN disagrees
   const gn::DeviceGuard guard(args->device);
   if (guard.status() != cudaSuccess) return guard.status();
+  if (args->strip_blocks != 0) return cudaErrorInvalidValue;  // (the backward's apply launch only)
   if (args->arch == 2) {
     return gn::visit_wide_config(args->dtype, args->wide_dtype, args->vec, [&](auto cfg) {
       return gn::launch_forward_tasks<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));

@@ -990,7 +990,7 @@ def _run(direction: str, p: Plan, a: _abi.GnArgs, x: torch.Tensor) -> None:
     stream = _raw_stream(index)
     if isinstance(p, schedule.TaskPlan):
         a.sync = _sync_buffer(x.device, stream, p.sync_words).data_ptr()
-        if _traces and _traces[-1].shape[0] >= p.grid:
+        if _traces and _traces[-1].shape[0] >= p.grid + a.strip_blocks:  # (a row per block of each launch)
             a.trace = _traces[-1].data_ptr()
     fn = lib.gn_forward if direction == "fwd" else lib.gn_backward
     _check(lib, fn(ctypes.byref(a), stream), f"GroupNorm {direction} launch")

@@ -118,3 +118,41 @@ def test_room_for_strips_against_fp64_and_bitwise(dtype):
         plain = run(x, 32, w, b, "silu", 2, dy)
     for a, b_ in zip(got, plain, strict=True):
         assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize(("direction", "bad"), [("fwd", 4), ("bwd", -1), ("bwd", 1 << 16)])
+def test_the_library_refuses_strip_blocks_it_cannot_run(direction, bad, monkeypatch):
+    # GnArgs.strip_blocks is the backward's two-launch apply's only, and one wave of fewer than 2**16 blocks
+    # with its grid: the C entry points refuse anything else (clear error, no launch)
+    x, w, b, dy = make_case((2, 1280, 16, 16), 32, torch.float16)
+    with torch.no_grad():
+        _, mean, rstd = ops.forward(x, w, b, 32, 1e-5, 1, 2)
+    prepare = ops._prepare
+
+    def with_bad_strips(*args, **kwargs):
+        p, a = prepare(*args, **kwargs)
+        a.strip_blocks = bad
+        return p, a
+
+    monkeypatch.setattr(ops, "_prepare", with_bad_strips)
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        if direction == "fwd":
+            ops.forward(x, w, b, 32, 1e-5, 1, 2)
+        else:
+            ops.backward(dy, x, w, b, mean, rstd, 32, 1e-5, 1, 2)
+        torch.cuda.synchronize()
+
+
+def test_a_trace_too_small_for_the_strip_blocks_is_left_alone():
+    # a trace has a row per block: one sized for the grid alone would take the strip blocks' rows out of
+    # bounds, so the launch records none
+    x, w, b, dy = make_case((2, 1280, 16, 16), 32, torch.float16)
+    plan = ops.plan(x.shape, 32, x.dtype, "bwd", 2)
+    assert plan.strip_blocks > 0
+    with torch.no_grad():
+        _, mean, rstd = ops.forward(x, w, b, 32, 1e-5, 1, 2)
+    with ops.phase_trace(plan.grid) as trace:
+        guard = torch.full((plan.strip_blocks, 16), -1, dtype=torch.int64, device="cuda")  # (likely behind)
+        ops.backward(dy, x, w, b, mean, rstd, 32, 1e-5, 1, 2)
+        torch.cuda.synchronize()
+    assert (trace < 0).all() and (guard < 0).all()
