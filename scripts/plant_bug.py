@@ -146,11 +146,12 @@ PLANTINGS = {
     ),
     "task-bwd-strips-count": Planting(
         "gn_tasks.cuh",
-        "  const unsigned with_strips = static_cast<unsigned>(strips < gridDim.x ? strips : gridDim.x);",
+        "  const unsigned with_strips = static_cast<unsigned>(strips < count ? strips : count);",
         "  const unsigned with_strips = static_cast<unsigned>(strips);  // PLANTED: strips, not blocks",
         "task backward apply launch: the last block with dweight/dbias strips is awaited as if every strip "
-        "had its own block, so where a block sums several strips (grids smaller than the strips: capped "
-        "runs) nobody writes the totals and dweight/dbias keep the workspace's poison",
+        "had its own block, so where a block sums several strips (grids smaller than the strips without "
+        "room for strip blocks: capped runs) nobody writes the totals and dweight/dbias keep the "
+        "workspace's poison",
         "bwd-tasks", False,
     ),
     "wide-pair-swap": Planting(
@@ -181,7 +182,8 @@ PLANTINGS = {
     # dbias (`bash scripts/ab_trees.sh OUT head=TREE nosums=TREE%timing-bwd-no-param-sums`).
     "timing-bwd-no-param-sums": Planting(
         "gn_backward_tasks.cu",
-        "    bwd_param_sums(a, sm.scratch);",
+        "    if (a.strip_blocks == 0 || static_cast<int>(blockIdx.x) >= a.grid) "
+        "bwd_param_sums(a, sm.scratch);",
         "    // PLANTED (timing only): dweight and dbias are never summed",
         "task backward apply launch without its dweight/dbias sums (for timing: dweight and dbias stay "
         "whatever the workspace held)",
