@@ -154,6 +154,16 @@ PLANTINGS = {
         "workspace's poison",
         "bwd-tasks", False,
     ),
+    "task-bwd-strip-blocks-late": Planting(
+        "gn_tasks.cuh",
+        "  const int first = a.strip_blocks > 0 ? a.grid : 0;  // this launch's strip blocks",
+        "  const int first = a.strip_blocks > 0 ? a.grid + 1 : 0;  // PLANTED: one block late",
+        "task backward apply launch with strip blocks (schedule.TaskPlan.strip_blocks): the strips start one "
+        "block late, so the last strip is never summed, its channels' sums stay poisoned and nobody writes "
+        "the totals: dweight/dbias keep the workspace's poison where the strips fit beside the grid "
+        "(tests/gpu/test_strip_blocks.py; the plugin's uncapped bwd-tasks cases of small shapes)",
+        "bwd-tasks", False,
+    ),
     "wide-pair-swap": Planting(
         "gn_tasks.cuh", "  __stcs(odd ? p + 1 : p + 2, odd ? hi : got);",
         "  __stcs(odd ? p + 1 : p + 2, odd ? got : hi);  // PLANTED: wrong half",
