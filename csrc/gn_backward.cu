@@ -100,7 +100,8 @@ extern "C" int gn_backward(const GnArgs* args, void* stream) {
   const gn::DeviceGuard guard(args->device);
   if (guard.status() != cudaSuccess) return guard.status();
   if (args->arch == 2) return gn::launch_task_backward(*args, static_cast<cudaStream_t>(stream));
-  if (args->wide_dtype != args->dtype || args->strip_blocks != 0) return cudaErrorInvalidValue;  // (task kernels only)
+  // (wide launches and strip blocks: the task kernels only)
+  if (args->wide_dtype != args->dtype || args->strip_blocks != 0) return cudaErrorInvalidValue;
   return gn::visit_config(args->dtype, args->vec, [&](auto cfg) {
     return gn::launch_backward<decltype(cfg)>(*args, static_cast<cudaStream_t>(stream));
   });
