@@ -10,7 +10,7 @@ import pytest
 import task_case_helpers as helpers
 from task_case_helpers import BUILTIN, NUMBERS, THIS_GPU, Direction, in_scope, tiling_of
 
-from gn_module import profiles, resources, schedule
+from gn_module import ops, profiles, resources, schedule
 from pytest_gn import tasks
 from pytest_gn.cases import CaseSpec, GnCase, Ratio, TaskRun, memory_estimate, specs_from_marker
 from pytest_gn.runner import arch_env, case_context, case_from_json, case_to_json, other_task_cap
@@ -307,6 +307,10 @@ def test_case_context_puts_the_cases_architecture_in_force(monkeypatch) -> None:
     assert "GN_ARCH" not in os.environ
     with case_context(task, own=False):  # a foreign implementation's case: left alone
         assert "GN_ARCH" not in os.environ
+    assert ops.strip_room_enabled()
+    with case_context(task):  # the case's teams as the model has them: no room for strip blocks
+        assert not ops.strip_room_enabled()
+    assert ops.strip_room_enabled()
     with pytest.raises(KeyError), arch_env("tasks"):
         raise KeyError
     assert "GN_ARCH" not in os.environ

@@ -21,9 +21,10 @@ def _no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def plan(shape, direction="bwd", schedule_=2, residency=264, cap=None, itemsize=2) -> schedule.TaskPlan:
+    """The plan without room for strips (schedule.room_for_strips), as GN_STRIP_ROOM=0 launches it."""
     n, c, rows = shape[0], shape[1], shape[2] * shape[3]
     t = schedule.task_tiling(c, 32, rows, itemsize, direction, batch=n)
-    return schedule.make_task_plan(t, schedule_, 3, residency, cap=cap)
+    return schedule.make_task_plan(t, schedule_, 3, residency, cap=cap, strip_room=False)
 
 
 def strip_blocks_asked(shape=SMALL, direction="bwd", passes=2, cap: int | None = None) -> int:
@@ -105,12 +106,17 @@ def test_room_for_strips_only_at_no_cost() -> None:
     )
 
 
-def test_room_is_opt_in_and_needs_strip_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_room_is_on_unless_turned_off_and_needs_strip_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     mid = (2, 320, 64, 64)
+    assert ops.strip_room_enabled() and strip_blocks_asked(mid) == 20
+    with ops.strip_room(False):
+        assert not ops.strip_room_enabled() and strip_blocks_asked(mid) == 0
+        with ops.strip_room():
+            assert strip_blocks_asked(mid) == 20
+    with ops.strip_blocks(False):
+        assert not ops.strip_room_enabled() and strip_blocks_asked(mid) == 0
+    monkeypatch.setenv(ops.ENV_STRIP_ROOM, "0")
     assert not ops.strip_room_enabled() and strip_blocks_asked(mid) == 0
-    with ops.strip_room():
-        assert ops.strip_room_enabled() and strip_blocks_asked(mid) == 20
-        with ops.strip_blocks(False):
-            assert not ops.strip_room_enabled() and strip_blocks_asked(mid) == 0
     monkeypatch.setenv(ops.ENV_STRIP_ROOM, "1")
     assert strip_blocks_asked(mid) == 20
+    assert schedule.make_task_plan(plan(mid).tiling, 2, 3, 264, strip_room=True).grid == 244

@@ -106,7 +106,7 @@ def test_the_strip_blocks_ran():
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_room_for_strips_against_fp64_and_bitwise(dtype):
-    # ops.strip_room (opt-in): 2x320x64x64's teams of 66 become 61, leaving room for its 20 strip blocks
+    # ops.strip_room (on by default): 2x320x64x64's teams of 66 become 61, with room for its 20 strip blocks
     x, w, b, dy = make_case((2, 320, 64, 64), 32, DTYPES[dtype], mean=3.0)
     with ops.strip_room():
         plan = ops.plan(x.shape, 32, x.dtype, "bwd", 2)
