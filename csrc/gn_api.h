@@ -90,8 +90,8 @@ typedef struct GnArgs {
   int32_t strip_blocks;
   // The two launches' L2 hand-over (schedule.TaskPlan.l2_kept_chunks; 0: none): the stats launch reads
   // the last l2_kept_chunks chunks of each block's last task with an evict_last policy (the others
-  // evict_first), and the apply launch, which starts with them, reads them evict_first and returns their
-  // lines to normal priority. Where the data lives only: the same bits.
+  // evict_first), and the apply launch, which starts with them, returns their lines to normal priority
+  // once it has read them. Where the data lives only: the same bits.
   int32_t l2_kept_chunks;
 } GnArgs;
 
