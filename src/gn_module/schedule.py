@@ -918,7 +918,7 @@ def make_task_plan(
     """Grid, teams and workspace of the task kernels for `t`, with `slots` chunks per block and
     `residency` co-resident one-pass blocks on the device. `strip_room`: the two-launch backward's teams
     leave room for its strip blocks where that costs nothing (`room_for_strips`); the launcher asks for it
-    unless ops.strip_room says otherwise (on by default), and so do the plugin's expected launches."""
+    unless ops.strip_room says otherwise (on by default). The plugin's cases run without it."""
     if schedule not in (1, 2):
         raise ValueError(f"schedule must be 1 (one-pass) or 2 (two-pass), got {schedule!r}")
     if cap is not None and cap < 1:
