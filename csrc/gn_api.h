@@ -88,11 +88,6 @@ typedef struct GnArgs {
   // to them (they only wait for the stats launch). 0: every block sums its share of the strips behind its
   // first dx copies. Which block sums a strip changes no bits.
   int32_t strip_blocks;
-  // The two launches' L2 hand-over (schedule.TaskPlan.l2_kept_chunks; 0: none): the stats launch reads
-  // the last l2_kept_chunks chunks of each block's last task with an evict_last policy (the others
-  // evict_first), and the apply launch, which starts with them, returns their lines to normal priority
-  // once it has read them. Where the data lives only: the same bits.
-  int32_t l2_kept_chunks;
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

@@ -26,9 +26,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
     // end (scripts/profile_tasks.py --trace-bwd)
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       const bool first = task == team;
-      // the team's last task: its last chunks are the apply launch's first (GnArgs::l2_kept_chunks)
-      const int l2_kept = a.l2_kept_chunks > 0 ? (task + a.teams >= task_count(a) ? a.l2_kept_chunks : 0) : -1;
-      member_bwd_stats<T, V, TW>(a, task, t0, t1, sm, l2_kept);
+      member_bwd_stats<T, V, TW>(a, task, t0, t1, sm);
       if (first) trace_point(a, 2);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       if (first) trace_point(a, 3);
@@ -72,7 +70,6 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
           if (first) param_sums();  // (uniform in the block)
         });
       });
-      if (first) l2_release_chunks<T, V, TW, true>(a, task, t0, t1, a.l2_kept_chunks);
       if (first) trace_point(a, 10);
       tiles_done += t1 - t0;
     }

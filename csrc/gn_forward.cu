@@ -184,9 +184,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   if (team < a.teams) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     for (int64_t task = team; task < task_count(a); task += a.teams) {
-      // the team's last task: its last chunks are the apply launch's first (GnArgs::l2_kept_chunks)
-      const int l2_kept = a.l2_kept_chunks > 0 ? (task + a.teams >= task_count(a) ? a.l2_kept_chunks : 0) : -1;
-      member_stats<T, V>(a, task, t0, t1, sm, -1, l2_kept);
+      member_stats<T, V>(a, task, t0, t1, sm);
       if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) combine_task<T>(a, task);
       tiles_done += t1 - t0;
     }
@@ -217,7 +215,6 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
         load_group_stats(a, task, sm.grp);
         __syncthreads();
       });
-      if (first) l2_release_chunks<T, V>(a, task, t0, t1, a.l2_kept_chunks);
       tiles_done += t1 - t0;
     }
   }

@@ -43,33 +43,6 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 // The largest `slots` the pipelines support (cp_async_wait's cases + 1); schedule.MAX_SLOTS.
 constexpr int kMaxSlots = 8;
 
-// ---------------------------------------------------------------- L2 eviction priorities
-// The two launches read x (and dy) twice: the apply launch walks each block's chunks newest first, so
-// the chunks the stats launch read last are the first it needs. GnArgs::l2_kept_chunks of them per
-// block (schedule.TaskPlan.l2_kept_chunks: about L2_KEPT_BYTES over the grid) are read by the stats
-// launch with an evict_last policy and the rest evict_first, so that they are still in L2 when the apply
-// launch reads them (the H200 micro measurement, RESULTS.md: a 24 MiB re-read at x1.8 of DRAM speed this
-// way, against x1.0 from 32 MiB without). The apply launch returns their lines to normal priority once
-// it has read them, so no evict_last line outlives the launches. (On sm_80+ a priority reaches a
-// 16-byte cp.async only through a cache policy.) Only where the data lives changes: the same bits.
-__device__ __forceinline__ uint64_t l2_policy(bool keep) {
-  uint64_t p;
-  if (keep) {
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  } else {
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  }
-  return p;
-}
-__device__ __forceinline__ void cp_async16_hint(void* smem, const void* gmem, uint64_t policy) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(policy)
-               : "memory");
-}
-__device__ __forceinline__ void l2_priority_normal(const void* p) {
-  asm volatile("applypriority.global.L2::evict_normal [%0], 128;\n" ::"l"(p) : "memory");
-}
-
 // ---------------------------------------------------------------- synchronisation words
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
@@ -347,10 +320,8 @@ struct TaskLane {
 // in the slot): 16-byte cp.async where the layout allows (V * sizeof(T) a multiple of 16: two copies
 // for the float32 dy of a wide backward), plain loads otherwise. Unrolled over the R rows (the
 // lane's, i.e. x's, bound) with constant strides.
-// kHint: the 16-byte copies carry the L2 cache policy `policy` (the scalar path has none).
-template <typename T, int V, int R = kChunkRowsPerThread<T, V>, bool kHint = false>
-__device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int sstep, int rows_threads, int limit,
-                                          uint64_t policy = 0) {
+template <typename T, int V, int R = kChunkRowsPerThread<T, V>>
+__device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int sstep, int rows_threads, int limit) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
   int r = 0;  // k * rows_threads, stepped (no multiplies per row)
 #pragma unroll 4  // all of R = 4 vector rows; groups of 4 of the 16 scalar ones (registers)
@@ -359,45 +330,11 @@ __device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int s
       if constexpr (kBytes % 16 == 0) {
 #pragma unroll
         for (int j = 0; j < kBytes / 16; ++j) {
-          unsigned char* d = reinterpret_cast<unsigned char*>(s) + 16 * j;
-          const unsigned char* src = reinterpret_cast<const unsigned char*>(g) + 16 * j;
-          if constexpr (kHint) {
-            cp_async16_hint(d, src, policy);
-          } else {
-            cp_async16(d, src);
-          }
+          cp_async16(reinterpret_cast<unsigned char*>(s) + 16 * j, reinterpret_cast<const unsigned char*>(g) + 16 * j);
         }
       } else {
         *reinterpret_cast<Pack<T, V>*>(s) = load_pack<T, V>(g);
       }
-    }
-  }
-}
-
-// copy_rows with an L2 policy where `hinted` (l2_policy(keep)), plain copies otherwise (one branch per
-// chunk, uniform in the block).
-template <typename T, int V, int R = kChunkRowsPerThread<T, V>>
-__device__ __forceinline__ void copy_rows_l2(const T* g, int64_t gstep, T* s, int sstep, int rows_threads, int limit,
-                                             bool hinted, bool keep) {
-  if (hinted) {
-    copy_rows<T, V, R, true>(g, gstep, s, sstep, rows_threads, limit, l2_policy(keep));
-  } else {
-    copy_rows<T, V, R>(g, gstep, s, sstep, rows_threads, limit);
-  }
-}
-
-// Returns the L2 lines of this thread's rows of one chunk to normal eviction priority after their last
-// read: one instruction per 128-byte line, from the thread whose piece starts the line or the row's
-// window (`first_col`).
-template <typename T, int V, int R = kChunkRowsPerThread<T, V>>
-__device__ __forceinline__ void l2_release_rows(const T* g, int64_t gstep, int rows_threads, int limit,
-                                                bool first_col) {
-  constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
-  if constexpr (kBytes % 16 == 0) {
-    int r = 0;
-#pragma unroll 4
-    for (int k = 0; k < R; ++k, r += rows_threads, g += gstep) {
-      if (r < limit && (first_col || (reinterpret_cast<uintptr_t>(g) & 127) < kBytes)) l2_priority_normal(g);
     }
   }
 }
@@ -677,11 +614,10 @@ __device__ __forceinline__ void walk_ring_forwards(int chunks, int slots, Read&&
 // slots - 1 chunks are in flight while one is summed) and writes their partials. On return the last
 // min(slots, chunks) chunks are in their slots. Returns the number of chunks.
 // `trace`: the first of 4 trace points (copies issued, first chunk in, first tile done, all
-// done), or -1 for none. `l2_kept` (the stats launch): -1 plain copies; else the last l2_kept chunks
-// are read evict_last and the others evict_first (GnArgs::l2_kept_chunks).
+// done), or -1 for none.
 template <typename T, int V>
 __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
-                            int trace = -1, int l2_kept = -1) {
+                            int trace = -1) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
@@ -711,10 +647,7 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   walk_ring_forwards(
       chunks, a.slots,
       [&](int q, int slot) {
-        if (lane.active) {
-          copy_rows_l2<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q),
-                             l2_kept >= 0, q >= chunks - l2_kept);
-        }
+        if (lane.active) copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q));
       },
       [&]() {
 #pragma unroll
@@ -736,27 +669,6 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
       });
   if (trace >= 0) trace_point(a, trace + 3);
   return chunks;
-}
-
-// After the apply launch has read a block's chunks of `task` that the stats launch kept in L2 (its last
-// `kept`: GnArgs::l2_kept_chunks), their lines of x (and, with kDy, of dy) go back to normal priority. A
-// function of its own, run after the apply's walk: inside it the backward's registers spilled.
-template <typename T, int V, typename TW = T, bool kDy = false>
-__device__ void l2_release_chunks(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, int kept) {
-  const TaskLane lane(a);
-  if (kept <= 0 || !lane.active) return;
-  const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
-  const int64_t base = task_sample(a, task) * a.s * a.c + task_c0(a, task);
-  const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
-  const int64_t gstep = static_cast<int64_t>(a.rows_threads) * a.c;
-  for (int q = max(0, chunks - kept); q < chunks; ++q) {
-    l2_release_rows<T, V>(static_cast<const T*>(a.x) + base + tc.offset(q), gstep, a.rows_threads, tc.limit(q),
-                          lane.col == 0);
-    if constexpr (kDy) {
-      l2_release_rows<TW, V, kChunkRowsPerThread<T, V>>(static_cast<const TW*>(a.dy) + base + tc.offset(q), gstep,
-                                                        a.rows_threads, tc.limit(q), lane.col == 0);
-    }
-  }
 }
 
 // A step with nothing to do (the default of member_apply's and member_bwd_apply's hooks).
@@ -1015,10 +927,8 @@ __device__ __forceinline__ void load_bwd_coefs(const GnArgs& a, int64_t task, co
 // The backward stats of the tiles [t0, t1) of `task`: x and dy chunk by chunk through the ring of
 // `slots` chunk pairs, one per-channel and one per-group partial per tile. The task's statistics and
 // parameters are loaded into sm.grp and sm.param behind the first copies. Returns the number of chunks.
-// `l2_kept`: member_stats'.
 template <typename T, int V, typename TW = T>
-__device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm,
-                                int l2_kept = -1) {
+__device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
@@ -1049,9 +959,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         const int64_t off = tc.offset(q);
         const int limit = tc.limit(q);
         T* s = mine + slot * sm.slot_elems;
-        const bool hinted = l2_kept >= 0, keep = q >= chunks - l2_kept;
-        copy_rows_l2<T, V>(x + off, gstep, s, sstep, rt, limit, hinted, keep);
-        copy_rows_l2<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit, hinted, keep);
+        copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
+        copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit);
       },
       [&] { load_bwd_coefs(a, task, sm, lane.col, k); },
       [&](int q, int slot) {

@@ -96,7 +96,6 @@ class GnArgs(ctypes.Structure):
         ("stagger_ns", _i32),  # the one-launch forward's team stagger (schedule.team_stagger; 0: off)
         ("stagger_phases", _i32),  # team j starts (j % stagger_phases) * stagger_ns late
         ("strip_blocks", _i32),  # backward apply launch: extra blocks for the dweight/dbias strips
-        ("l2_kept_chunks", _i32),  # two launches: chunks per block handed over in L2 (TaskPlan)
     ]
 
 

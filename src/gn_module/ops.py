@@ -227,11 +227,6 @@ _STRIP_BLOCKS = _LaunchSwitch(ENV_STRIP_BLOCKS, default=True)
 #: blocks become 244 + 20 strip blocks). Same bits. GN_STRIP_ROOM=0 turns it off.
 ENV_STRIP_ROOM = "GN_STRIP_ROOM"
 _STRIP_ROOM = _LaunchSwitch(ENV_STRIP_ROOM, default=True)
-#: Off by default (new in session 25): the two-launch task schedules hand the chunks their stats launch
-#: reads last over to the apply launch in L2, through eviction-priority cache policies
-#: (schedule.TaskPlan.l2_kept_chunks, csrc gn_tasks.cuh). Same bits. GN_L2_HANDOVER=1 turns it on.
-ENV_L2_HANDOVER = "GN_L2_HANDOVER"
-_L2_HANDOVER = _LaunchSwitch(ENV_L2_HANDOVER, default=False)
 
 
 def dependent_launches(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
@@ -277,18 +272,6 @@ def strip_room_enabled() -> bool:
     """Whether the backward's teams leave room for strip blocks: the innermost `strip_room` block, else
     on unless GN_STRIP_ROOM=0; never without strip blocks."""
     return _STRIP_ROOM.enabled() and strip_blocks_enabled()
-
-
-def l2_handover(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
-    """Inside the block, the two-launch task schedules hand their last chunks over in L2
-    (schedule.TaskPlan.l2_kept_chunks), or with False never, whatever GN_L2_HANDOVER says. Same bits."""
-    return _L2_HANDOVER.scoped(enabled)
-
-
-def l2_handover_enabled() -> bool:
-    """Whether the L2 hand-over is asked for: the innermost `l2_handover` block, else GN_L2_HANDOVER
-    (off unless "1")."""
-    return _L2_HANDOVER.enabled()
 
 
 def cluster_teams_enabled() -> bool:
@@ -906,7 +889,6 @@ def _launch(
         team_stagger_setting(),
         strip_blocks_enabled(),
         strip_room_enabled(),
-        l2_handover_enabled(),
     )
     launch = _launches.get(key)
     if launch is None:
@@ -940,7 +922,6 @@ def _new_launch(key: tuple) -> _Launch | object:
         stagger,
         strips,
         _,  # (strip_room_enabled: plan() reads it)
-        handover,
     ) = key
     try:
         p = plan(
@@ -963,7 +944,6 @@ def _new_launch(key: tuple) -> _Launch | object:
     if isinstance(p, schedule.TaskPlan):
         a.stagger_ns, a.stagger_phases = schedule.team_stagger(p, *stagger)
         a.strip_blocks = p.strip_blocks if strips else 0
-        a.l2_kept_chunks = p.l2_kept_chunks if handover else 0
     lib = library(index, variant)
     dependent = dependent and isinstance(p, schedule.TaskPlan) and p.schedule == 2
     clusters = clusters and isinstance(p, schedule.TaskPlan) and schedule.cluster_teams_fit(p)

@@ -407,11 +407,6 @@ SYNC_WORDS_PER_TASK = 3
 CLUSTER_MAX_TEAM = 8
 #: Channels of one dweight/dbias strip of the backward (csrc bwd_param_strip: a warp's lanes).
 BWD_STRIP_CHANNELS = 32
-#: Bytes of x (and dy) the two launches hand over in L2 (`TaskPlan.l2_kept_chunks`): the H200 micro
-#: measurement re-read up to 24 MiB at x1.8-1.9 of DRAM speed when the first read had an evict_last
-#: policy, also with as many bytes written in between (x1.15 at 32 MiB), against x1.0 from 32 MiB
-#: without (RESULTS.md, design measurements).
-L2_KEPT_BYTES = 24 << 20
 #: Low bits of an arrival counter that count one launch's arrivals (csrc kGenerationBits): the high bits
 #: number the launches, and a task launch has fewer blocks than 2**GENERATION_BITS (`make_task_plan`).
 GENERATION_BITS = 16
@@ -867,21 +862,6 @@ class TaskPlan:
         strips = self.param_strips
         return strips if self.grid + strips <= min(resident, (1 << GENERATION_BITS) - 1) else 0
 
-    @property
-    def l2_kept_chunks(self) -> int:
-        """Chunks per block the two launches hand over in L2 (GnArgs.l2_kept_chunks, where
-        ops.l2_handover allows): the stats launch reads the last ones of each block's last task with an
-        evict_last policy, and the apply launch, which walks them newest first, finds them in L2. As many
-        as keep the grid's total within L2_KEPT_BYTES of x (and dy), at most a member's chunks of one task.
-        0 for the one launch, whose kept chunks never leave the chip. Only where the data lives changes."""
-        if self.schedule != 2 or self.teams is None:
-            return 0
-        t = self.tiling
-        dy_itemsize = (t.wide_itemsize or t.itemsize) if t.direction == "bwd" else 0
-        chunk = t.chunk_rows * t.window * (t.itemsize + dy_itemsize)
-        most = max(task_member_chunks(t, self.teams.team_size))
-        return min(most, L2_KEPT_BYTES // (self.grid * chunk))
-
     def describe(self) -> dict:
         out = asdict(self)
         out.update(
@@ -890,7 +870,6 @@ class TaskPlan:
             tiles=self.tiles,
             reread_tiles=self.reread_tiles,
             strip_blocks=self.strip_blocks,
-            l2_kept_chunks=self.l2_kept_chunks,
         )
         return out
 
