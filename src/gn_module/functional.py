@@ -401,7 +401,8 @@ def group_norm(
     passes: Passes = "auto",
     autocast_output: AutocastOutput = "float32",
 ) -> torch.Tensor:
-    """GroupNorm over ``x`` of shape (N, C, *spatial), optionally followed by SiLU.
+    """GroupNorm over ``x`` of shape (N, C, *spatial), optionally followed by a fused activation
+    (``act``: "silu", "relu", "gelu", "gelu_tanh", "identity" or None).
 
     The CUDA fast path takes tensors whose memory order is (N, *spatial, C) (channels_last,
     channels_last_3d, or (N, C, L) stored as (N, L, C)) in float32, float16 or bfloat16, with
