@@ -1055,6 +1055,130 @@ static int occupancy(const void* fn, int threads, size_t smem) {
   return occ;
 }
 
+// ------------------------------------------------------------------------------------------------
+// 0b. Copy kernels: what an apply pass (read x, write y) could reach. cudaMemcpyAsync moves 4.26 TB/s
+// on the H200, the one-load grid-stride kernel above 3.90, the task kernels' apply launch 3.82.
+// ------------------------------------------------------------------------------------------------
+// U 16-byte loads per thread in flight (L1 bypassed), then U streaming stores; a block copies tiles of
+// 256 x U vectors, grid-stride. launch_bounds(256, 1) keeps ptxas from interleaving each load with its store.
+template <int U>
+__global__ void __launch_bounds__(256, 1) k_copy_ld(const uint4* a, uint4* b, size_t n) {
+  const size_t tile = (size_t)256 * U;
+  for (size_t base = blockIdx.x * tile; base < n; base += (size_t)gridDim.x * tile) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t i = base + (size_t)u * 256 + threadIdx.x;
+      if (i < n) v[u] = ld_mode<RD_PLAIN>(a + i, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t i = base + (size_t)u * 256 + threadIdx.x;
+      if (i < n) __stcs(b + i, v[u]);
+    }
+  }
+}
+__device__ __forceinline__ void bulk_s2g(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until at most N bulk stores of this thread still read shared memory (their stage may be refilled).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// The bulk-copy engine both ways, driven by one thread: a ring of S stages of B bytes; stage s is loaded
+// with cp.async.bulk (completion on its mbarrier), then stored with a bulk store; a stage is refilled once
+// its store has read it, one step later (S - 1 loads and up to 2 stores in flight). Block b copies the
+// chunks b, b + grid, ... of B bytes each.
+template <int S, int B>
+__global__ void __launch_bounds__(32, 1) k_copy_bulk(const uint8_t* a, uint8_t* b, size_t bytes) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm + S * B);
+  if (threadIdx.x != 0) return;
+  const long long chunks = (long long)(bytes / B), mine = (chunks - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  const uint32_t base = smem_u32(sm);
+  for (int i = 0; i < S; ++i) mbar_init(smem_u32(&full[i]), 1);
+  fence_mbar_init();
+  fence_proxy_async();
+  auto load = [&](long long k) {
+    if (k >= mine) return;
+    const uint32_t bar = smem_u32(&full[k % S]);
+    mbar_arrive_expect_tx(bar, B);
+    bulk_g2s(base + (uint32_t)((k % S) * B), a + (blockIdx.x + k * gridDim.x) * (size_t)B, B, bar);
+  };
+  for (int k = 0; k < S; ++k) load(k);
+#pragma unroll 1
+  for (long long k = 0; k < mine; ++k) {
+    mbar_wait(smem_u32(&full[k % S]), (uint32_t)((k / S) & 1));
+    bulk_s2g(b + (blockIdx.x + k * gridDim.x) * (size_t)B, base + (uint32_t)((k % S) * B), B);
+    bulk_commit();
+    if (k > 0) {
+      bulk_wait_read<1>();  // store k - 1 has read its stage (all but the newest group): refill it
+      load(k - 1 + S);
+    }
+  }
+  bulk_wait_read<0>();
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes are done before the block exits
+}
+static void measure_copy_kernels() {
+  Table t{"copyk", "0b. Copy kernels, 1 GiB (bytes read + written counted)",
+          "ld xU: U 16-B loads per thread in flight, then U streaming stores, grid-stride, 256 threads. bulk SxB: "
+          "one thread per block drives the bulk-copy engine both ways through a ring of S stages of B KB "
+          "(cp.async.bulk load on an mbarrier, bulk store, a stage refilled once its store has read it). "
+          "ok: B equals A after the run.",
+          {"kernel", "CTAs/SM", "grid", "us", "TB/s", "frac", "ok"}, 2, {}};
+  const size_t bytes = kGiB;
+  auto same = [&]() {
+    CK(cudaStreamSynchronize(g_s));
+    return device_hash(g_bufA, bytes) == device_hash(g_bufB, bytes) ? std::string("yes") : std::string("WRONG");
+  };
+  auto add = [&](const std::string& name, int occ, int grid, double us) {
+    CK(cudaMemsetAsync(g_bufB, 0, bytes, g_s));
+    t.rows.push_back({name, istr(occ), istr(grid), fmt("%.1f", us), fmt("%.3f", 2.0 * bytes / us / 1e6),
+                      fmt("%.3f", 2.0 * bytes / us / 1e6 / g_copy_tbs), ""});
+  };
+  auto run_ld = [&](auto kern, const char* name) {
+    const int occ = occupancy((const void*)kern, 256, 0);
+    for (int per_sm : {occ, occ / 2}) {
+      if (per_sm < 1) continue;
+      const int grid = per_sm * g_dev.sms;
+      auto launch = [&] {
+        kern<<<grid, 256, 0, g_s>>>(reinterpret_cast<const uint4*>(g_bufA), reinterpret_cast<uint4*>(g_bufB), bytes / 16);
+        CK_LAUNCH();
+      };
+      add(name, per_sm, grid, median_us(2, 10, flush_l2, launch));
+      launch();
+      t.rows.back()[6] = same();
+    }
+  };
+  run_ld(k_copy_ld<1>, "ld x1");
+  run_ld(k_copy_ld<4>, "ld x4");
+  run_ld(k_copy_ld<8>, "ld x8");
+  auto run_bulk = [&](auto kern, const char* name, int S, int B) {
+    const size_t smem = (size_t)S * B + 8 * S;
+    CK(cudaFuncSetAttribute((const void*)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int occ = occupancy((const void*)kern, 32, smem);
+    if (occ < 1) return;
+    const int grid = occ * g_dev.sms;
+    auto launch = [&] {
+      kern<<<grid, 32, smem, g_s>>>(g_bufA, g_bufB, bytes);
+      CK_LAUNCH();
+    };
+    add(name, occ, grid, median_us(2, 10, flush_l2, launch));
+    launch();
+    t.rows.back()[6] = same();
+  };
+  run_bulk(k_copy_bulk<4, 16384>, "bulk 4x16", 4, 16384);
+  run_bulk(k_copy_bulk<8, 16384>, "bulk 8x16", 8, 16384);
+  run_bulk(k_copy_bulk<4, 32768>, "bulk 4x32", 4, 32768);
+  run_bulk(k_copy_bulk<6, 32768>, "bulk 6x32", 6, 32768);
+  for (auto& r : t.rows)
+    g_summary.push_back("copyk " + r[0] + " " + r[1] + " CTA/SM: " + r[4] + " TB/s (" + r[5] + " of copy) ok " + r[6]);
+  emit(t);
+}
+
 struct StreamVariant {
   const char* name;
   int kind;  // 0 ld, 1 cp.async, 2 bulk, 3 tma
@@ -2145,6 +2269,7 @@ int main(int argc, char** argv) {
   const char* only = getenv("GN_MICRO_SECTIONS");
   auto wanted = [&](const char* name) { return !only || strstr(only, name) != nullptr; };
   section("copy", measure_copy);
+  if (wanted("copyk")) section("copyk", measure_copy_kernels);
   if (wanted("stream")) section("stream", measure_stream);
   if (wanted("order")) section("order", measure_order);
   if (wanted("math")) section("math", measure_math);

@@ -38,7 +38,7 @@ awk '
   /Compiling entry function/ { match($0, /'"'"'[^'"'"']+'"'"'/); fn = substr($0, RSTART + 1, RLENGTH - 2) }
   /bytes stack frame/ { sf = $0; sub(/^[ \t]+/, "", sf) }
   /Used [0-9]+ registers/ { match($0, /Used [0-9]+ registers/); printf "%4s regs | %s | %s\n", substr($0, RSTART + 5, RLENGTH - 15), sf, fn }
-' "$out/build.txt" | "$demangle" | grep -E "k_stream|k_onchip|k_l2_|k_barrier|k_gridsync" | sed -E 's/\((ProtoArgs|StreamArgs[^)]*|L2Args)\)//; s/\(unsigned.*|\(uint4.*|\(int\)//' || true
+' "$out/build.txt" | "$demangle" | grep -E "k_copy|k_stream|k_onchip|k_l2_|k_barrier|k_gridsync" | sed -E 's/\((ProtoArgs|StreamArgs[^)]*|L2Args)\)//; s/\(unsigned.*|\(uint4.*|\(int\)//' || true
 if grep "bytes stack frame" "$out/build.txt" | grep -qv "^ *0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"; then
   echo "WARNING: ptxas reports a stack frame or spills (see build.txt)"
 else
