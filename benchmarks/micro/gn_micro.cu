@@ -263,6 +263,21 @@ __global__ void k_ref_final(const double2* part, int slices, int ngroups, double
   const double mean = s / count, var = fmax(q / count - mean * mean, 0.0);
   stats[ng] = make_double2(mean, 1.0 / sqrt(var + eps));
 }
+// GN_MICRO_SILU=1: the prototype's apply (and both references) end with SiLU, z / (1 + exp(-z)), as the
+// benchmark shapes of the kernels do (fast exp and division in the prototype, as in csrc/gn_kernels.cuh).
+__constant__ int c_silu;
+static bool g_silu = false;
+// kAct false: never (the cp.async kernel at 3 CTAs/SM, whose 56 registers spill with SiLU; plan_proto
+// refuses it when GN_MICRO_SILU=1).
+template <bool kAct>
+__device__ __forceinline__ float act_fast(float z) {
+  if (!kAct || !c_silu) return z;
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));
+  return __fdividef(z, 1.f + e);
+}
+static double act_ref(double z, bool silu) { return silu ? z / (1.0 + std::exp(-z)) : z; }
+
 __global__ void k_ref_apply(const __half* x, __half* y, long long rows, int C, int cpg, int N, const double2* stats,
                             const float* gamma, const float* beta) {
   const size_t total = (size_t)N * rows * C;
@@ -270,7 +285,8 @@ __global__ void k_ref_apply(const __half* x, __half* y, long long rows, int C, i
     const int c = static_cast<int>(i % C);
     const long long n = static_cast<long long>(i / ((size_t)rows * C));
     const double2 st = stats[n * (C / cpg) + c / cpg];
-    const double v = (__half2float(x[i]) - st.x) * st.y * gamma[c] + beta[c];
+    const double z = (__half2float(x[i]) - st.x) * st.y * gamma[c] + beta[c];
+    const double v = c_silu ? z / (1.0 + exp(-z)) : z;
     y[i] = __float2half(static_cast<float>(v));
   }
 }
@@ -547,12 +563,14 @@ __device__ __forceinline__ void acc_vec(GroupAcc& g, uint4 v, int split) {
     }
   }
 }
+template <bool kAct = true>
 __device__ __forceinline__ uint4 apply_vec(uint4 v, const float (&a)[8], const float (&b)[8]) {
   __half2* h = reinterpret_cast<__half2*>(&v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float2 f = __half22float2(h[i]);
-    h[i] = __floats2half2_rn(fmaf(f.x, a[2 * i], b[2 * i]), fmaf(f.y, a[2 * i + 1], b[2 * i + 1]));
+    h[i] = __floats2half2_rn(act_fast<kAct>(fmaf(f.x, a[2 * i], b[2 * i])),
+                             act_fast<kAct>(fmaf(f.y, a[2 * i + 1], b[2 * i + 1])));
   }
   return v;
 }
@@ -768,7 +786,8 @@ __global__ void __launch_bounds__(THREADS, MINB) k_onchip(ProtoArgs p) {
             const int rb = st * p.stage_rows, re = min(nr, rb + p.stage_rows);
 #pragma unroll 2
             for (int r = first_row(rb, rl, rpp); r < re; r += rpp)
-              *reinterpret_cast<uint4*>(dst + r * rs) = apply_vec(lds128(data_s + r * row_bytes), a, b);
+              *reinterpret_cast<uint4*>(dst + r * rs) =
+                  apply_vec<!(LOADER == LD_CPASYNC && MINB >= 3)>(lds128(data_s + r * row_bytes), a, b);
           }
         }
       }
@@ -1592,6 +1611,10 @@ static ProtoPlan plan_proto(const Shape& sh, const ProtoCfg& cfg) {
       P.why = "more than 2 groups per 8 channels";
       return P;
     }
+  if (g_silu && K.loader == LD_CPASYNC && cfg.cps >= 3) {
+    P.why = "no SiLU at 3 CTAs/SM (56 registers: it spilled)";
+    return P;
+  }
   P.threads = K.threads;
   P.cap_bytes = K.loader == LD_REG ? rpp * K.K * row_bytes : cfg.cap_kb * 1024;
   const long long rows_cap = K.loader == LD_REG ? (long long)rpp * K.K : P.cap_bytes / row_bytes;
@@ -1714,7 +1737,7 @@ static bool cpu_check(const Shape& sh, const ProtoPlan& P, const ProtoCfg& cfg, 
       for (long long r = 0; r < rows; ++r)
         for (int c = g * cpg; c < (g + 1) * cpg; ++c) {
           const size_t i = (n * rows + r) * sh.C + c;
-          const double ref = (__half2float(hx[i]) - mean) * rstd * hg[c] + hb[c];
+          const double ref = act_ref((__half2float(hx[i]) - mean) * rstd * hg[c] + hb[c], g_silu);
           const double y = __half2float(hy[i]);
           if (!std::isfinite(y)) {
             ++nonfinite;
@@ -2191,6 +2214,12 @@ int main(int argc, char** argv) {
   if (argc > 1) g_outdir = argv[1];
   setvbuf(stdout, nullptr, _IOLBF, 0);
   CK(cudaSetDevice(0));
+  {
+    const char* silu = getenv("GN_MICRO_SILU");
+    g_silu = silu != nullptr && strcmp(silu, "1") == 0;
+    const int v = g_silu ? 1 : 0;
+    CK(cudaMemcpyToSymbol(c_silu, &v, sizeof v));
+  }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   g_dev.name = prop.name;
@@ -2285,6 +2314,7 @@ int main(int argc, char** argv) {
   const double copy_again = 2.0 * kGiB / us_again / 1e6;
   std::string summary = "device " + g_dev.name + ", " + istr(g_dev.sms) + " SMs; copy " + fmt("%.3f", copy_first) +
                         " TB/s at the start, " + fmt("%.3f", copy_again) + " TB/s at the end (fractions use the first)\n";
+  summary += std::string("prototype apply: ") + (g_silu ? "y = SiLU(z) (GN_MICRO_SILU=1)" : "y = z (no activation)") + "\n";
   // Streaming: best variant per (C, W).
   for (auto& tb : g_tables)
     if (tb.id == "stream") {
