@@ -179,6 +179,13 @@ PLANTINGS = {
         "dx, dweight and dbias are wrong wherever z is not far from 0 (tests/gpu/test_acts.py)",
         "bwd and gelu and not gelu_tanh", False,
     ),
+    "act-silu-exp": Planting(
+        "gn_kernels.cuh", '"f"(z * -1.4426950408889634f));',
+        '"f"(z * 1.4426950408889634f));  // PLANTED: exp(z) instead of exp(-z)',
+        "fused SiLU (exp_neg, ex2.approx.ftz): exp(z) where exp(-z) belongs, so SiLU's forward and backward "
+        "use 1 - sigmoid(z): y, dx, dweight and dbias are wrong wherever z is not 0 (tests/gpu/test_acts.py)",
+        "silu", False,
+    ),
     "cluster-barrier-skip": Planting(
         "gn_forward.cu", "  cluster_barrier();\n  trace_point(a, 2);",
         "  // PLANTED: the members never meet at the cluster barrier\n  trace_point(a, 2);",
