@@ -12,6 +12,7 @@ format: NxCxHxW[:G<groups>][:silu]), e.g. to time the stats launch on ranges tha
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -70,6 +71,14 @@ def print_trace(label: str, trace: torch.Tensor, ghz: float, rounds: int) -> Non
         publish = (t[last, 14] - t[last, 13]).double() / (ghz * 1e3)
         c, pub = combine.max().item(), publish.max().item()
         print(f"  round 0's last member: arrive + combine {c:.2f}, publish {pub:.2f}")
+        # a one-round launch's last member may also trace inside its combine (points 9-12 are free there)
+        steps = [p for p in (2, 9, 10, 11, 12, 13) if p == 2 or bool((t[last, p] >= 0).all())]
+        if rounds == 1 and len(steps) > 2:
+            parts = [
+                f"{a}->{b} {((t[last, b] - t[last, a]).double() / (ghz * 1e3)).max().item():.2f}"
+                for a, b in itertools.pairwise(steps)
+            ]
+            print("    inside the combine (trace points): " + ", ".join(parts))
     end = t[:, 15]
     total = (end - t[:, 0]).double() / (ghz * 1e3)
     print(f"  whole block   {total.median().item():8.2f} / {total.max().item():8.2f}")

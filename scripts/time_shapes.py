@@ -1,7 +1,7 @@
 """Time `ours auto` on shapes outside the benchmark's fixed cases (GPU), for A/B runs of kernel trees.
 
     python scripts/time_shapes.py 32x320x64x64 32x128x256x256:G32 1x512x128x128:G32:silu [--dtype fp16]
-        [--directions fwd,bwd] [--passes auto,1,2] [--json PATH]
+        [--directions fwd,bwd] [--passes auto,1,2] [--json PATH] [--no-flush]
 
 Each shape is NxCxHxW (or NxCxDxHxW), optionally followed by :G<groups> (default 32) and an
 activation (:silu, :relu, :gelu, :gelu_tanh; both directions run it). The timer is the benchmark's
@@ -103,8 +103,9 @@ def main() -> int:
     ap.add_argument("--directions", default="fwd,bwd")
     ap.add_argument("--passes", default="auto", help="comma-separated schedules: auto, 1, 2")
     ap.add_argument("--json")
+    ap.add_argument("--no-flush", action="store_true", help="no L2 flush between repetitions")
     args = ap.parse_args()
-    timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
+    timer = EventTimer(torch.device("cuda", torch.cuda.current_device()), flush=not args.no_flush)
     copy = copy_bandwidth(timer=timer).tbps
     print(f"copy bandwidth {copy:.3f} TB/s")
     rows = []
