@@ -99,6 +99,10 @@ class KernelReport:
     # LDL/STL instructions in the kernel's SASS (compile_arch(sass=True) with cuobjdump and nvdisasm found);
     # -1: not counted. Locals that never lived in registers show here, not in ptxas' spills.
     local_accesses: int = -1
+    # The longest run of 64-bit L2 loads (ld.global.cg: the combine's float2 partials, csrc sum_partials) in
+    # its SASS with no floating-point add between them: 16 where a batch of partials is in flight at once,
+    # 1 where each load waits for the previous addition, 0 without such loads; -1: not read (as above).
+    load_batch: int = -1
 
     @property
     def spills(self) -> bool:
@@ -293,6 +297,23 @@ def local_accesses(sass: str) -> dict[str, int]:
     return counts
 
 
+def load_batches(sass: str) -> dict[str, int]:
+    """KernelReport.load_batch per kernel (its mangled name) of a ``cuobjdump -sass`` listing."""
+    best: dict[str, int] = {}
+    kernel, run = None, 0
+    for line in sass.splitlines():
+        head = re.search(r"Function : (\S+)", line)
+        if head:
+            kernel, run = head.group(1), 0
+            best.setdefault(kernel, 0)
+        elif kernel and re.search(r"\bLDG\.E\.64\.STRONG\.GPU\b", line):
+            run += 1
+            best[kernel] = max(best[kernel], run)
+        elif kernel and re.search(r"\bFADD\b", line):
+            run = 0
+    return best
+
+
 def _read_sass(cubin: Path, tools: tuple[str, str]) -> str:
     cuobjdump, nvdisasm = tools
     env = {**os.environ, "NVDISASM_PATH": str(Path(nvdisasm).parent)}
@@ -323,8 +344,11 @@ def compile_source(
         )
     kernels = parse_ptxas(proc.stdout + proc.stderr, arch=arch, source=src.name)
     if listing is not None:
-        counts = local_accesses(listing)
-        kernels = [replace(k, local_accesses=counts.get(k.mangled, -1)) for k in kernels]
+        counts, batches = local_accesses(listing), load_batches(listing)
+        kernels = [
+            replace(k, local_accesses=counts.get(k.mangled, -1), load_batch=batches.get(k.mangled, -1))
+            for k in kernels
+        ]
     return kernels
 
 
@@ -361,7 +385,7 @@ def compile_arch(
         parts.append(sorted(s.name for s in srcs))
     tools = sass_tools(nvcc) if sass else None
     if sass:  # (the default key is unchanged: the plugin's cached reports stay valid)
-        parts.append(["sass", tools is not None])
+        parts.append(["sass", tools is not None, "load_batch"])  # (the SASS fields read)
     key = hashlib.sha256(json.dumps(parts).encode())
     cache = _cache_dir() / f"{arch}-{key.hexdigest()[:20]}.json"
     if not use_cache:
