@@ -283,34 +283,38 @@ def sass_tools(nvcc: str | None = None) -> tuple[str, str] | None:
     return None if cuobjdump is None or nvdisasm is None else (cuobjdump, nvdisasm)
 
 
-def local_accesses(sass: str) -> dict[str, int]:
-    """LDL/STL instructions per kernel (its mangled name) of a ``cuobjdump -sass`` listing."""
-    counts: dict[str, int] = {}
-    kernel = None
+def _kernel_lines(sass: str) -> dict[str, list[str]]:
+    """The lines of a ``cuobjdump -sass`` listing per kernel (its mangled name), in order."""
+    kernels: dict[str, list[str]] = {}
+    lines: list[str] | None = None
     for line in sass.splitlines():
         head = re.search(r"Function : (\S+)", line)
         if head:
-            kernel = head.group(1)
-            counts.setdefault(kernel, 0)
-        elif kernel and re.search(r"\b(LDL|STL)\b", line):
-            counts[kernel] += 1
-    return counts
+            lines = kernels.setdefault(head.group(1), [])
+        elif lines is not None:
+            lines.append(line)
+    return kernels
+
+
+def local_accesses(sass: str) -> dict[str, int]:
+    """LDL/STL instructions per kernel (its mangled name) of a ``cuobjdump -sass`` listing."""
+    return {
+        kernel: sum(1 for line in lines if re.search(r"\b(LDL|STL)\b", line))
+        for kernel, lines in _kernel_lines(sass).items()
+    }
 
 
 def load_batches(sass: str) -> dict[str, int]:
     """KernelReport.load_batch per kernel (its mangled name) of a ``cuobjdump -sass`` listing."""
     best: dict[str, int] = {}
-    kernel, run = None, 0
-    for line in sass.splitlines():
-        head = re.search(r"Function : (\S+)", line)
-        if head:
-            kernel, run = head.group(1), 0
-            best.setdefault(kernel, 0)
-        elif kernel and re.search(r"\bLDG\.E\.64\.STRONG\.GPU\b", line):
-            run += 1
-            best[kernel] = max(best[kernel], run)
-        elif kernel and re.search(r"\bFADD\b", line):
-            run = 0
+    for kernel, lines in _kernel_lines(sass).items():
+        run = best[kernel] = 0
+        for line in lines:
+            if re.search(r"\bLDG\.E\.64\.STRONG\.GPU\b", line):
+                run += 1
+                best[kernel] = max(best[kernel], run)
+            elif re.search(r"\bFADD\b", line):
+                run = 0
     return best
 
 
