@@ -499,15 +499,8 @@ __device__ __forceinline__ const float2* task_partials(const GnArgs& a, int64_t 
 // `emit(gl, mean, rstd)` runs once per group of the window. Every caller (the one-pass members,
 // the two-pass stats launch) computes the same bits.
 // p[lo * stride] + ... + p[(hi - 1) * stride] in order, with a batch of loads in flight at once (one
-// L2 round trip per batch). Two forms of the same sums, because ptxas keeps the batch together for one
-// or the other depending on the kernel (sm_90 SASS, tests/test_local_memory.py): kClamped loads at indices
-// clamped into [lo, hi), unconditionally; else predicated loads into zeroed registers. In the one-launch
-// forward (y of x's type) the predicated form got one register pair for all sixteen loads, each issued
-// after the previous one's addition: one L2 round trip per partial, 1.0-2.3 us of the last member's
-// combine on the H200 (RESULTS.md session 27); in the wide one-launch forward (float32 y) the clamped form
-// got two pairs. Not inlined: its registers then do not add to the kernels' hot loops (ptxas sizes a
-// kernel by its worst point).
-template <bool kClamped = true>
+// L2 round trip per batch instead of one per eight). Not inlined: its registers then do not add to
+// the kernels' hot loops (ptxas sizes a kernel by its worst point).
 static __device__ __noinline__ float2 sum_partials(const float2* p, int lo, int hi, int stride = 1) {
   constexpr int kBatch = 16;  // (32 spilled on sm_100)
   float2 acc = make_float2(0.f, 0.f);
@@ -515,11 +508,7 @@ static __device__ __noinline__ float2 sum_partials(const float2* p, int lo, int 
     float2 v[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      if constexpr (kClamped) {
-        v[i] = __ldcg(p + static_cast<int64_t>(min(t0 + i, hi - 1)) * stride);
-      } else {
-        v[i] = t0 + i < hi ? __ldcg(p + static_cast<int64_t>(t0 + i) * stride) : make_float2(0.f, 0.f);
-      }
+      v[i] = t0 + i < hi ? __ldcg(p + static_cast<int64_t>(t0 + i) * stride) : make_float2(0.f, 0.f);
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
@@ -532,7 +521,7 @@ static __device__ __noinline__ float2 sum_partials(const float2* p, int lo, int 
   return acc;
 }
 
-template <typename T, bool kClamped = true, typename Emit>
+template <typename T, typename Emit>
 __device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&& emit) {
   const float2* parts = task_partials(a, task);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
@@ -548,7 +537,7 @@ __device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&
     float shift = 0.f;
     if (gl < gw) {
       shift = to_float(static_cast<const T*>(a.x)[n * a.s * a.c + c0 + gl * cpg]);
-      acc = sum_partials<kClamped>(parts + static_cast<int64_t>(gl) * tiles, lo, hi);
+      acc = sum_partials(parts + static_cast<int64_t>(gl) * tiles, lo, hi);
     }
     for (int o = lanes / 2; o > 0; o >>= 1) {
       acc.x += __shfl_xor_sync(kFull, acc.x, o);

@@ -186,15 +186,6 @@ PLANTINGS = {
         "use 1 - sigmoid(z): y, dx, dweight and dbias are wrong wherever z is not 0 (tests/gpu/test_acts.py)",
         "silu", False,
     ),
-    "combine-loads-serial": Planting(
-        "gn_forward.cu", "        group_stats<T, std::is_same_v<T, TY>>(a, task,",
-        "        group_stats<T, false>(a, task,  // PLANTED: predicated loads in every one-launch forward",
-        "the one-launch forward's combine (sum_partials) takes the predicated loads, which ptxas issues one "
-        "after another's addition in the kernels of y of x's type: the same bits, but one L2 round trip per "
-        "partial, 1-2 us per small forward (CPU: tests/test_local_memory.py's "
-        "test_combine_loads_leave_together reads it in the sm_90 SASS)",
-        "combine", False,
-    ),
     "cluster-barrier-skip": Planting(
         "gn_forward.cu", "  cluster_barrier();\n  trace_point(a, 2);",
         "  // PLANTED: the members never meet at the cluster barrier\n  trace_point(a, 2);",
