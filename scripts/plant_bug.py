@@ -186,6 +186,15 @@ PLANTINGS = {
         "use 1 - sigmoid(z): y, dx, dweight and dbias are wrong wherever z is not 0 (tests/gpu/test_acts.py)",
         "silu", False,
     ),
+    "combine-loads-serial": Planting(
+        "gn_tasks.cuh", "#pragma unroll\n    for (int i = 0; i < kBatch; ++i) {\n      v[i] = t0 + i < hi",
+        "#pragma unroll 1  // PLANTED: one partial load at a time\n    for (int i = 0; i < kBatch; ++i) {\n"
+        "      v[i] = t0 + i < hi",
+        "the combine (sum_partials) loads its batch of tile partials one at a time: the same bits, but one "
+        "L2 round trip per partial in every combining kernel (CPU: tests/test_local_memory.py's "
+        "test_combine_loads_leave_together reads it in the sm_90 SASS)",
+        "combine", False,
+    ),
     "cluster-barrier-skip": Planting(
         "gn_forward.cu", "  cluster_barrier();\n  trace_point(a, 2);",
         "  // PLANTED: the members never meet at the cluster barrier\n  trace_point(a, 2);",

@@ -63,27 +63,18 @@ def test_load_batch_counter() -> None:
 
 #: sum_partials' batch (csrc gn_tasks.cuh kBatch): its loads leave together.
 PARTIALS_BATCH = 16
-#: Kernels that combine tile partials (the one-launch forward's last member, the stats launches, the
-#: backward's apply launch and one launch: sum_partials).
-COMBINING = ("fwd_task_onepass", "fwd_task_cluster", "fwd_task_stats", "bwd_task_stats", "bwd_task_apply")
+#: Kernels that combine tile partials (the stats launches, the cluster forward, the backward's apply launch:
+#: sum_partials). Not the one-launch forward (fwd_task_onepass): there ptxas issues the loads one at a time,
+#: and batching them (loads at clamped indices, branch exp/combine-batch) made its forward no faster on the
+#: H200 and the backward 1-7 us slower (RESULTS.md session 28), so it stays as it is.
+COMBINING = ("fwd_task_cluster", "fwd_task_stats", "bwd_task_stats", "bwd_task_apply")
 
 
-#: The one-launch forward's combine still loads one partial at a time on main: branch exp/combine-batch
-#: fixes it (the same sums; its GPU run is pending, RESULTS.md session 27). Strict: the fix's merge turns
-#: this into a failure until the mark goes.
-SERIAL_ON_MAIN = pytest.mark.xfail(
-    strict=True, reason="fwd_task_onepass issues its partial loads one at a time (exp/combine-batch fixes it)"
-)
-
-
-@pytest.mark.parametrize(
-    "source", [pytest.param(s, marks=SERIAL_ON_MAIN) if s == "gn_forward.cu" else s for s in SOURCES]
-)
+@pytest.mark.parametrize("source", SOURCES)
 def test_combine_loads_leave_together(source: str, sm90: resources.ArchReport) -> None:
-    """The combine loads the tile partials in batches (sum_partials). Predicated loads into zeroed
-    registers made ptxas reuse one register pair in the one-launch forward and wait for each load's
-    addition before the next load: one L2 round trip per partial, 1.0-2.3 us of every small one-launch
-    forward (RESULTS.md session 27)."""
+    """The combine loads the tile partials in batches of sum_partials' kBatch (16) in flight at once,
+    as the combining kernels' SASS does today: a rewrite of sum_partials whose loads go one L2 round
+    trip at a time fails here (the planted `combine-loads-serial` of session 27 did)."""
     mine = {k.name: k.load_batch for k in sm90.kernels if k.source == source and "_task_" in k.mangled}
     combining = {n: b for n, b in mine.items() if n.split("[")[0] in COMBINING}
     assert combining, f"no combining task kernels in {source}'s sm_90 report: {sorted(mine)}"
