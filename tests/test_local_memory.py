@@ -74,7 +74,7 @@ COMBINING = ("fwd_task_cluster", "fwd_task_stats", "bwd_task_stats", "bwd_task_a
 def test_combine_loads_leave_together(source: str, sm90: resources.ArchReport) -> None:
     """The combine loads the tile partials in batches of sum_partials' kBatch (16) in flight at once,
     as the combining kernels' SASS does today: a rewrite of sum_partials whose loads go one L2 round
-    trip at a time fails here (the planted `combine-loads-serial` of session 27 did)."""
+    trip at a time fails here (`scripts/plant_bug.py combine-loads-serial` turns both sources red)."""
     mine = {k.name: k.load_batch for k in sm90.kernels if k.source == source and "_task_" in k.mangled}
     combining = {n: b for n, b in mine.items() if n.split("[")[0] in COMBINING}
     assert combining, f"no combining task kernels in {source}'s sm_90 report: {sorted(mine)}"
