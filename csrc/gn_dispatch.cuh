@@ -115,36 +115,37 @@ inline int launch_cooperative(const GnArgs& a, cudaStream_t stream, Kernel kerne
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-// Whether the device can place one cluster of `config` (cudaOccupancyMaxActiveClusters), remembered per
+// How many clusters of `config` the device holds at once (cudaOccupancyMaxActiveClusters), remembered per
 // (kernel, device, cluster size, shared memory): the query sits on the launch's host path.
-inline cudaError_t cluster_fits(Kernel kernel, const cudaLaunchConfig_t& config, bool* fits) {
+inline cudaError_t active_clusters(Kernel kernel, const cudaLaunchConfig_t& config, int* clusters) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   static std::mutex mutex;
-  static std::map<std::pair<std::pair<const void*, int>, std::pair<unsigned, size_t>>, bool> known;
+  static std::map<std::pair<std::pair<const void*, int>, std::pair<unsigned, size_t>>, int> known;
   const auto key = std::make_pair(std::make_pair(reinterpret_cast<const void*>(kernel), device),
                                   std::make_pair(config.attrs[0].val.clusterDim.x, config.dynamicSmemBytes));
   {
     const std::lock_guard<std::mutex> lock(mutex);
     const auto it = known.find(key);
     if (it != known.end()) {
-      *fits = it->second;
+      *clusters = it->second;
       return cudaSuccess;
     }
   }
-  int clusters = 0;
-  err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  err = cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
   if (err != cudaSuccess) return err;
-  *fits = clusters >= 1;
   const std::lock_guard<std::mutex> lock(mutex);
-  known[key] = *fits;
+  known[key] = *clusters;
   return cudaSuccess;
 }
 
 // The same grid as thread-block clusters of a.team_size blocks (fwd_task_cluster: a team per cluster,
-// co-scheduled by the hardware; no cooperative launch). kNoClusterFits, launching nothing, when this
-// device cannot place one such cluster (the caller launches the cooperative kernel instead).
+// co-scheduled by the hardware; no cooperative launch). kNoClusterFits, launching nothing, unless this
+// device holds every cluster of the grid at once (the caller launches the cooperative kernel instead, the
+// same bits): clusters that run in waves lose to the teams. On the H200, 32 clusters of 8 (256 blocks)
+// do not all fit and took 16x320x32x32's forward from 22.2 to 30.0 us, where 32 clusters of 6 (192
+// blocks) fit and save 1.7-2.2 us (RESULTS.md session 28).
 constexpr int kNoClusterFits = -1;
 inline int launch_clusters(const GnArgs& a, cudaStream_t stream, Kernel kernel) {
   cudaError_t err = allow_smem(reinterpret_cast<const void*>(kernel), a.smem);
@@ -161,9 +162,9 @@ inline int launch_clusters(const GnArgs& a, cudaStream_t stream, Kernel kernel) 
   config.stream = stream;
   config.attrs = attribute;
   config.numAttrs = 1;
-  bool fits = false;
-  if ((err = cluster_fits(kernel, config, &fits)) != cudaSuccess) return err;
-  if (!fits) return kNoClusterFits;
+  int clusters = 0;
+  if ((err = active_clusters(kernel, config, &clusters)) != cudaSuccess) return err;
+  if (static_cast<int64_t>(clusters) * a.team_size < static_cast<int64_t>(a.grid)) return kNoClusterFits;
   err = cudaLaunchKernelEx(&config, kernel, a);
   return err != cudaSuccess ? err : cudaGetLastError();
 }

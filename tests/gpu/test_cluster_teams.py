@@ -18,13 +18,15 @@ from .test_kernels import check_against_reference, make_case, run, shape_id
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-# teams of 6, 4 and 2 on an H200; a scalar-path C (fp16 C=100); a 5-D tensor
+# teams of 6, 4 and 2 on an H200; a scalar-path C (fp16 C=100); a 5-D tensor; 32 teams of 8 (256 blocks),
+# whose clusters the H200 does not hold all at once: the launcher takes the cooperative teams there
 SHAPES = [
     ((2, 1280, 16, 16), 32),
     ((4, 512, 16, 16), 32),
     ((2, 2560, 8, 8), 32),
     ((2, 100, 37, 5), 10),
     ((3, 640, 4, 8, 8), 32),
+    ((16, 320, 32, 32), 32),
 ]
 
 
