@@ -333,19 +333,103 @@ def test_parameter_with_default_is_traced_at_its_default():
         torch.testing.assert_close(model(x, **kwargs), ref(x, **kwargs), msg=str(kwargs))
 
 
-def test_forward_reading_training_is_not_rewritten():
-    class Drop(nn.Module):
+class Drop(nn.Module):
+    """A forward that reads self.training: fx freezes the branch, so each mode gets its graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(2, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(F.silu(self.norm(x)), 0.5, training=self.training)
+
+
+class ShortcutBlock(nn.Module):
+    """diffusers 0.42's ResnetBlock2D where it has a shortcut: ``input_tensor.contiguous()`` only in
+    train mode (diffusers issue 12975), so its train and eval traces differ."""
+
+    def __init__(self, cin: int = 4, cout: int = 8) -> None:
+        super().__init__()
+        self.norm1 = nn.GroupNorm(2, cin)
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2 = nn.GroupNorm(2, cout)
+        self.nonlinearity = nn.SiLU()
+        self.conv_shortcut = nn.Conv2d(cin, cout, 1)
+
+    def forward(self, input_tensor: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(self.nonlinearity(self.norm1(input_tensor)))
+        h = self.nonlinearity(self.norm2(h))
+        if self.training:
+            input_tensor = input_tensor.contiguous()
+        return self.conv_shortcut(input_tensor) + h
+
+
+def test_forward_reading_training_fuses_with_a_graph_per_mode():
+    torch.manual_seed(0)
+    model = Drop()
+    ref = copy.deepcopy(model)
+    model, report = convert_groupnorm(model, fuse_calls=True)
+    assert report.fused == ["norm"] and report.rewritten == [""] and report.skipped == {}
+    assert model.training and model.norm.training  # modes put back after tracing both
+    assert "training = True" in model.forward.code and "F.silu" not in model.forward.code
+    x = torch.randn(2, 4, 6, requires_grad=True)
+    for mode in (True, False, True):  # the graph follows the mode set after the conversion
+        model.train(mode)
+        ref.train(mode)
+        assert f"training = {mode}" in model.forward.code
+        torch.manual_seed(1)
+        out = model(x)
+        (gx,) = torch.autograd.grad(out.sum(), x)
+        torch.manual_seed(1)
+        want = ref(x)
+        (gx_want,) = torch.autograd.grad(want.sum(), x)
+        torch.testing.assert_close(out, want, rtol=0, atol=0, msg=f"training={mode}")
+        torch.testing.assert_close(gx, gx_want, rtol=0, atol=0, msg=f"training={mode}")
+    for other in (copy.deepcopy(model), torch.load(_saved(model), weights_only=False)):
+        other.eval()
+        assert "training = False" in other.forward.code
+        torch.testing.assert_close(other(x), ref.eval()(x), rtol=0, atol=0)
+    model, report = revert_groupnorm(model)
+    assert report.fused == ["norm"] and "forward" not in vars(model)
+
+
+def _saved(model: nn.Module) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    return buf
+
+
+def test_diffusers_shortcut_block_fuses_both_norms_in_both_modes():
+    block = randomize(ShortcutBlock())
+    ref = copy.deepcopy(block)
+    block.eval()  # converted in eval mode: the other mode's graph is traced all the same
+    block, report = convert_groupnorm(block, fuse_calls=True)
+    assert report.fused == ["norm1", "norm2"] and report.summary()["fused"] == 2
+    assert not block.training and "contiguous" not in block.forward.code
+    x = torch.randn(2, 4, 5, 5).to(memory_format=torch.channels_last)
+    for mode in (False, True):
+        block.train(mode)
+        ref.train(mode)
+        assert ("contiguous" in block.forward.code) == mode
+        out = block(x)
+        torch.testing.assert_close(out, ref(x), rtol=0, atol=0, msg=f"training={mode}")
+
+
+def test_modes_that_fuse_different_norms_are_not_rewritten():
+    class EvalReadsTwice(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.norm = nn.GroupNorm(2, 4)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return F.dropout(F.silu(self.norm(x)), 0.5, training=self.training)
+            h = self.norm(x)
+            return F.silu(h) if self.training else F.silu(h) + h
 
-    model = Drop()
-    model, report = convert_groupnorm(model, fuse_calls=True)
-    assert report.fused == [] and "self.training" in report.skipped[""]
-    assert model.training and model.norm.training  # modes put back after tracing both
+    model, report = convert_groupnorm(EvalReadsTwice(), fuse_calls=True)
+    assert report.fused == [] and report.rewritten == []
+    assert "self.training" in report.skipped[""] and "forward" not in vars(model)
+    assert model.norm.act is None
 
 
 def test_dropout_module_in_train_mode_matches_with_same_seed():

@@ -259,8 +259,9 @@ def convert_groupnorm(
     The ``forward`` of each module that owns a GroupNorm is traced with `torch.fx` (its submodules
     are called, not traced into); where a pair is found, that module's ``forward`` becomes a
     `FusedForward` running the edited graph. The graph is specialized as fx
-    specializes: Python control flow on attributes (``self.training`` included: a forward that
-    depends on it is not rewritten) is frozen at conversion, Python side effects of ``forward`` are
+    specializes: Python control flow on attributes is frozen at conversion, except ``self.training``
+    (``forward`` is traced in both modes; where the graphs differ the module runs its mode's graph, and
+    where they would fuse different GroupNorms it is not rewritten), Python side effects of ``forward`` are
     not replayed, and parameters with defaults keep their defaults. Calls that do not fit what was
     traced (a None or non-tensor where a tensor was traced, a non-default value for a parameter
     with a default, extra ``*args``/``**kwargs``) run the original ``forward`` unfused. Modules whose

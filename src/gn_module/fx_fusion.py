@@ -117,21 +117,23 @@ def _trace(module: nn.Module, traced: list[inspect.Parameter]) -> torch.fx.Graph
     return graph
 
 
-def _trace_both_modes(module: nn.Module, traced: list[inspect.Parameter]) -> torch.fx.Graph:
-    """The graph of ``module.forward``, traced in train and in eval mode; raises when they differ
-    (a forward branching on ``self.training`` would be frozen in one mode)."""
+def _trace_both_modes(module: nn.Module, traced: list[inspect.Parameter]) -> dict[bool, torch.fx.Graph]:
+    """The graphs of ``module.forward`` traced in train mode (key True) and in eval mode (False): one
+    graph under both keys where they trace alike, else one each (a forward branching on
+    ``self.training``, as diffusers' ResnetBlock2D does around its shortcut's ``.contiguous()``; fx
+    freezes such a branch, so `FusedForward` picks the graph of the module's mode at each call)."""
     modes = {id(m): (m, m.training) for m in module.modules()}
-    graphs = []
+    graphs: dict[bool, torch.fx.Graph] = {}
     try:
         for mode in (module.training, not module.training):
             module.train(mode)
-            graphs.append(_trace(module, traced))
+            graphs[mode] = _trace(module, traced)
     finally:
         for m, training in modes.values():
             m.training = training
-    if graphs[0].python_code("self").src != graphs[1].python_code("self").src:
-        raise RuntimeError("forward traces differently in train and eval mode (it reads self.training)")
-    return graphs[0]
+    if graphs[True].python_code("self").src == graphs[False].python_code("self").src:
+        graphs[False] = graphs[True]
+    return graphs
 
 
 # Functions applying an activation to their first argument, with the other arguments they may take
@@ -204,19 +206,62 @@ def fuse_traced_calls(
         )
         return
     try:
-        graph = _trace_both_modes(module, traced)
+        graphs = _trace_both_modes(module, traced)
     except Exception as exc:  # tracing runs arbitrary user code
         first_line = (str(exc).strip().splitlines() or [""])[0]
         report.skipped[name] = (
             f"forward not traced for activation fusion ({type(exc).__name__}: {first_line})"
         )
         return
+    found = {mode: _fusable_pairs(module, graph, name, counts, acts) for mode, graph in graphs.items()}
+    (pairs, skipped), (eval_pairs, eval_skipped) = found[True], found[False]
+    if [(n.target, act) for n, _, _, act, _ in pairs] != [(n.target, act) for n, _, _, act, _ in eval_pairs]:
+        # a GroupNorm's act is one setting for both modes: fused in both, or not at all
+        report.skipped[name] = (
+            "forward not rewritten for activation fusion: it reads self.training, and its train and "
+            "eval graphs fuse different GroupNorms"
+        )
+        return
+    report.skipped.update(skipped)
+    report.skipped.update(eval_skipped)
+    if not pairs:
+        return
+    graph_modules: dict[int, torch.fx.GraphModule] = {}  # by id(graph): one where both modes share it
+    for mode, graph in graphs.items():
+        if id(graph) in graph_modules:
+            continue
+        for _, user, _, _, head in found[mode][0]:  # (an nn.Identity in between stays)
+            user.replace_all_uses_with(head)
+            graph.erase_node(user)
+        graph.lint()
+        graph_modules[id(graph)] = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
+    train, evaluate = (graph_modules[id(graphs[mode])] for mode in (True, False))
+    fused = tuple(str(node.target) for node, *_ in pairs)
+    fused_acts = tuple(act for _, _, _, act, _ in pairs)
+    # (an instance attribute)
+    module.forward = FusedForward(module, train, fused, fused_acts, evaluate)
+    for node, _, norm, act, _ in pairs:
+        norm.act = act
+        report.fused.append(f"{name}.{node.target}" if name else str(node.target))
+    report.rewritten.append(name)
+
+
+_Pair = tuple[torch.fx.Node, torch.fx.Node, GroupNorm, str, torch.fx.Node]
+
+
+def _fusable_pairs(
+    module: nn.Module, graph: torch.fx.Graph, name: str, counts: Counter[int], acts: frozenset[str]
+) -> tuple[list[_Pair], dict[str, str]]:
+    """The (GroupNorm node, activation node, GroupNorm, act, head) pairs of ``graph`` that may be fused,
+    in graph order (head: the node the activation reads, the GroupNorm's or an nn.Identity's after
+    it), and the pairs found but not fusable, with the reason, keyed as ConversionReport.skipped."""
 
     def qualified(target: object) -> str:
         return f"{name}.{target}" if name else str(target)
 
     calls = Counter(id(module.get_submodule(n.target)) for n in graph.nodes if n.op == "call_module")
-    pairs: list[tuple[torch.fx.Node, torch.fx.Node, GroupNorm, str, torch.fx.Node]] = []
+    pairs: list[_Pair] = []
+    skipped: dict[str, str] = {}
     for node in graph.nodes:
         if node.op != "call_module":
             continue
@@ -242,25 +287,12 @@ def fuse_traced_calls(
         elif _has_hooks(norm) or (act_module is not None and _has_hooks(act_module)):
             reason = "the GroupNorm or the activation has hooks that would see a different tensor"
         if reason is not None:
-            report.skipped[f"{qualified(node.target)}+{qualified(how) if act_module else how}"] = (
+            skipped[f"{qualified(node.target)}+{qualified(how) if act_module else how}"] = (
                 f"not fused: {reason}"
             )
             continue
         pairs.append((node, user, norm, act, head))
-    if not pairs:
-        return
-    for _, user, _, _, head in pairs:  # (an nn.Identity in between stays: it passes the activated output)
-        user.replace_all_uses_with(head)
-        graph.erase_node(user)
-    graph.lint()
-    graph_module = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
-    fused = tuple(str(node.target) for node, *_ in pairs)
-    fused_acts = tuple(act for _, _, _, act, _ in pairs)
-    module.forward = FusedForward(module, graph_module, fused, fused_acts)  # an instance attribute
-    for node, _, norm, act, _ in pairs:
-        norm.act = act
-        report.fused.append(qualified(node.target))
-    report.rewritten.append(name)
+    return pairs, skipped
 
 
 def restore_forward(module: nn.Module, name: str, report: ConversionReport) -> None:
@@ -289,8 +321,10 @@ class FusedForward:
     targets; ``acts``: the activation each one got).
 
     Runs the graph (``.code`` shows it) with the module as ``self``, so it always uses the module's
-    current submodules and parameters. A call the trace does not cover runs the class's forward with
-    the fused GroupNorms set back to ``act=None`` for that call.
+    current submodules and parameters: ``graph_module`` (traced in train mode), or ``eval_graph_module``
+    while the module is in eval mode where its forward traced differently there (it reads
+    ``self.training``; None: the same graph). A call the trace does not cover runs the class's forward
+    with the fused GroupNorms set back to ``act=None`` for that call.
     """
 
     def __init__(
@@ -299,24 +333,35 @@ class FusedForward:
         graph_module: torch.fx.GraphModule,
         fused: tuple[str, ...],
         acts: tuple[str, ...] | None = None,
+        eval_graph_module: torch.fx.GraphModule | None = None,
     ) -> None:
         self.module, self.graph_module, self.fused = module, graph_module, fused
+        self.eval_graph_module = None if eval_graph_module is graph_module else eval_graph_module
         self.acts = ("silu",) * len(fused) if acts is None else acts
         if len(self.acts) != len(fused):
             raise ValueError(f"FusedForward: {len(fused)} fused GroupNorms but {len(self.acts)} acts")
 
+    def _graph(self) -> torch.fx.GraphModule:
+        """The graph of the module's mode now."""
+        if self.eval_graph_module is None or self.module.training:
+            return self.graph_module
+        return self.eval_graph_module
+
     @property
     def code(self) -> str:
-        return self.graph_module.code
+        return self._graph().code
 
     def __getstate__(self) -> dict[str, object]:
-        # Pickle and deepcopy: keep the module, graph, targets and acts; the rest is rebuilt on first call.
-        return {k: self.__dict__[k] for k in ("module", "graph_module", "fused", "acts")}
+        # Pickle and deepcopy: keep the module, graphs, targets and acts; the rest is rebuilt on first call.
+        keys = ("module", "graph_module", "eval_graph_module", "fused", "acts")
+        return {k: self.__dict__[k] for k in keys}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         if "acts" not in state:  # pickled when SiLU was the only activation fused
             self.acts = ("silu",) * len(self.fused)
+        if "eval_graph_module" not in state:  # pickled when one graph served both modes
+            self.eval_graph_module = None
 
     def _fused_args(self, args: tuple[object, ...], kwargs: dict[str, object]) -> list[object] | None:
         """The graph's arguments when this call matches the trace, else None."""
@@ -345,7 +390,7 @@ class FusedForward:
     def __call__(self, *args: object, **kwargs: object) -> object:
         values = self._fused_args(args, kwargs)
         if values is not None:
-            return type(self.graph_module).forward(self.module, *values)
+            return type(self._graph()).forward(self.module, *values)
         norms = [self.module.get_submodule(target) for target in self.fused]
         for norm in norms:
             norm.act = None
