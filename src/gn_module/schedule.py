@@ -732,7 +732,11 @@ def flag_teams_lose(t: TaskTiling, teams: TaskTeams, clusters: bool) -> bool:
     this build runs them as clusters). Session 22, H200, fp16 and bf16, two rounds each: one launch
     0.3-0.6 us slower on 1x640x32x32, 2x640x32x32, 2x960x32x32 (13.8-16.4 against 13.3-16.1 us) and on
     2x1280x16x16 without clusters (13.6 against 13.2); as fast where members hold 2-4 chunks (4x640x32x32,
-    2x1280x32x32, 2x320x64x64, 1x512x128x128); 1.0-1.2 us faster as clusters (2x1280x16x16)."""
+    2x1280x32x32, 2x320x64x64, 1x512x128x128); 1.0-1.2 us faster as clusters (2x1280x16x16).
+    Not modeled: the launcher runs a grid of clusters as flag teams where the device cannot hold all of
+    them at once (csrc launch_clusters), which this rule cannot see; session 29 measured one such plan,
+    16x512x16x16's 64 teams of 4, 0.3 us slower in one launch (15.14 against 14.82 us), and the
+    clusters of 2 of 16x1280x8x8, 32x640x8x8, 64x320x8x8 (all resident) 2-2.6 us faster."""
     return (
         t.direction == "fwd"
         and teams.rounds == 1
