@@ -213,7 +213,9 @@ def fuse_traced_calls(
             f"forward not traced for activation fusion ({type(exc).__name__}: {first_line})"
         )
         return
-    found = {mode: _fusable_pairs(module, graph, name, counts, acts) for mode, graph in graphs.items()}
+    found = {True: _fusable_pairs(module, graphs[True], name, counts, acts)}
+    same = graphs[False] is graphs[True]  # (one graph for both modes: its pairs once)
+    found[False] = found[True] if same else _fusable_pairs(module, graphs[False], name, counts, acts)
     (pairs, skipped), (eval_pairs, eval_skipped) = found[True], found[False]
     if [(n.target, act) for n, _, _, act, _ in pairs] != [(n.target, act) for n, _, _, act, _ in eval_pairs]:
         # a GroupNorm's act is one setting for both modes: fused in both, or not at all
