@@ -896,7 +896,7 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, i
                                                     const BwdCoefs<V>& k, float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
-#pragma unroll act_row_unroll<kAct>(4)  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
+#pragma unroll bwd_row_unroll<kAct, V>(4)  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
@@ -1079,7 +1079,7 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
                                                const float (&ka)[V], const float (&kb)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
-#pragma unroll act_row_unroll<kAct>(2)  // (six coefficient arrays live: more rows at once spilled on sm_100 / sm_120)
+#pragma unroll bwd_row_unroll<kAct, V>(2)  // (scalar rows: six coefficient arrays live, more at once spilled on sm_100 / sm_120)
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep, out += ystep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
