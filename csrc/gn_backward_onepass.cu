@@ -55,7 +55,8 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
       if (first) trace_point(a, 6);
       const int r = with_act(a.act, [&](auto act) {  // (each ends with a barrier)
         const int kept = min((t1 - t0) * chunks_per_tile(a), a.slots);  // what member_bwd_stats left on chip
-        return member_bwd_apply<T, V, decltype(act)::value>(a, task, t0, t1, sm, kept);
+        // (two rows at once: bwd_row_unroll)
+        return member_bwd_apply<T, V, decltype(act)::value, T, NoStep, false>(a, task, t0, t1, sm, kept);
       });
       if (first) trace_point(a, 10);
       if (threadIdx.x == 0) {

@@ -165,14 +165,16 @@ __host__ __device__ constexpr int act_row_unroll(int light) {
   return kAct == kActGelu || kAct == kActGeluTanh ? 1 : light;
 }
 
-// The backward's element loops over a chunk's rows: a row at a time for packs, `scalar` rows (within
+// The backward's apply loop over a chunk's rows: a row at a time for packs, `scalar` rows (within
 // act_row_unroll) for scalar rows. A pack row's SASS is about 2 KiB with an activation; on small shapes a
-// member runs its loops only a few times, so they run cold and instruction fetch stalled the backward's
-// apply launch more than anything else (ncu: 5.2 warp-cycles per issued instruction on 2x1280x16x16 SiLU,
-// 4.0 a row at a time); the rows' x and dy come from shared memory, so unrolling bought little latency.
-template <int kAct, int V>
+// member runs the loop only a few times, so it runs cold and instruction fetch stalled the apply launch more
+// than anything else (ncu: 5.2 warp-cycles per issued instruction on 2x1280x16x16 SiLU, 4.0 a row at a time);
+// the rows' x and dy come from shared memory, so unrolling bought little latency. kRowAtATime = false keeps
+// act_row_unroll's rows for packs too (the one-launch backward: a row at a time spilled on sm_100 there, its
+// stats and apply sharing the registers).
+template <int kAct, int V, bool kRowAtATime = true>
 __host__ __device__ constexpr int bwd_row_unroll(int scalar) {
-  return V > 1 ? 1 : act_row_unroll<kAct>(scalar);
+  return V > 1 && kRowAtATime ? 1 : act_row_unroll<kAct>(scalar);
 }
 
 template <int K>

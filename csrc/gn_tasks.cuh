@@ -896,7 +896,9 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, i
                                                     const BwdCoefs<V>& k, float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
-#pragma unroll bwd_row_unroll<kAct, V>(4)  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
+// (unrolled even for packs: a row at a time spilled on sm_120, and it is the apply launch that waits on
+// instruction fetch: bwd_row_unroll)
+#pragma unroll act_row_unroll<kAct>(4)  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
@@ -1073,13 +1075,13 @@ static __device__ void bwd_param_totals(const GnArgs& a) {
 }
 
 // dx = rstd * (w * dz - (A + xhat * B) / M) for this thread's rows of one chunk pair.
-template <typename T, int V, int kAct, typename TW>
+template <typename T, int V, int kAct, typename TW, bool kRowAtATime = true>
 __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int sstep, T* out, int64_t ystep,
                                                int rows_threads, int limit, const BwdCoefs<V>& k,
                                                const float (&ka)[V], const float (&kb)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
-#pragma unroll bwd_row_unroll<kAct, V>(2)  // (scalar rows: six coefficient arrays live, more at once spilled on sm_100 / sm_120)
+#pragma unroll bwd_row_unroll<kAct, V, kRowAtATime>(2)  // (scalar rows: six coefficient arrays live, more at once spilled on sm_100 / sm_120)
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep, out += ystep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
@@ -1103,7 +1105,7 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
 // sm.grp and sm.coef, after `behind_copies()` (every thread). Returns the number of chunks read.
 
 
-template <typename T, int V, int kAct, typename TW = T, typename Step = NoStep>
+template <typename T, int V, int kAct, typename TW = T, typename Step = NoStep, bool kRowAtATime = true>
 __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm,
                                 int kept = 0, Step behind_copies = Step{}) {
   constexpr int R = kChunkRowsPerThread<T, V>;
@@ -1158,7 +1160,8 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   const int reads = walk_ring_backwards(chunks, slots, read_into, started, [&](int q, int slot) {
     if (!lane.active) return;
     const T* s = mine + slot * sm.slot_elems;
-    apply_rows_bwd<T, V, kAct>(s, dy_at<T, TW>(s, dd), sstep, dx + tc.offset(q), gstep, rt, tc.limit(q), k, ka, kb);
+    apply_rows_bwd<T, V, kAct, TW, kRowAtATime>(s, dy_at<T, TW>(s, dd), sstep, dx + tc.offset(q), gstep, rt, tc.limit(q),
+                                                k, ka, kb);
   });
   __syncthreads();  // sm.* are rewritten for the next task
   return reads;
