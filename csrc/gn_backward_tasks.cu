@@ -11,7 +11,17 @@ namespace gn {
 // the last member of a task sums its group partials (bwd_combine_task). Then dx over the same teams,
 // tasks and chunks in reverse, with dweight and dbias from the channel partials summed behind each
 // block's first copies (bwd_param_sums).
-template <typename T, int V, typename TW = T>
+// The stats kernel's cold variant (kColdRows) runs its row loop a row at a time (cold_stats_rows). The
+// launcher picks it by the plan: one kernel per choice, because one kernel holding both loops was slower on
+// the small shapes than either (2x1280x16x16 SiLU 21.5 us against 19.1 and 18.3; RESULTS.md session 31).
+// sm_120/121 build the unrolled loop for both: a row at a time spilled 4 B there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+constexpr bool kColdRowsBuilt = false;
+#else
+constexpr bool kColdRowsBuilt = true;
+#endif
+
+template <typename T, int V, typename TW = T, bool kColdRows = false>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
   let_dependents_in();
   const TaskSmem<T, TW> sm(a, 2);
@@ -26,7 +36,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
     // end (scripts/profile_tasks.py --trace-bwd)
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       const bool first = task == team;
-      member_bwd_stats<T, V, TW>(a, task, t0, t1, sm);
+      member_bwd_stats<T, V, TW, kColdRows && kColdRowsBuilt>(a, task, t0, t1, sm);
       if (first) trace_point(a, 2);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       if (first) trace_point(a, 3);
@@ -81,12 +91,28 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   record(a, 3, static_cast<int>(reread));
 }
 
+// Members with fewer than this many chunks per task run the stats kernel's cold variant. Its loop runs a
+// few times per launch and waits on instruction fetch more than on memory: a row at a time the small
+// backwards were 4-6 % faster, and 1x128x1024x1024 SiLU fp16 (members of one tile, 64 chunks) 1.4 % slower
+// (H200, RESULTS.md session 31, call A).
+constexpr int kWarmChunks = 4;
+
+// Whether the plan's busiest member (ceil(tiles_per_task / team_size) tiles: schedule.TaskTeams.chunks_per_member)
+// reads fewer than kWarmChunks chunks per task (packs only: scalar rows keep their unroll either way).
+inline bool cold_stats_rows(const GnArgs& a) {
+  const int64_t tiles = (a.tiles_per_task + a.team_size - 1) / a.team_size;
+  return a.vec > 1 && tiles * a.chunks_per_tile < kWarmChunks;
+}
+
 template <typename Cfg>
 int launch_two(const GnArgs& a, cudaStream_t stream) {
   using T = typename Cfg::type;
   using TW = typename Cfg::wide;
   constexpr int V = Cfg::vec;
   if (!task_rows_fit<T, V>(a)) return cudaErrorInvalidValue;
+  if constexpr (V > 1) {
+    if (cold_stats_rows(a)) return launch_pair(a, stream, bwd_task_stats<T, V, TW, true>, bwd_task_apply<T, V, TW>);
+  }
   return launch_pair(a, stream, bwd_task_stats<T, V, TW>, bwd_task_apply<T, V, TW>);
 }
 

@@ -165,8 +165,8 @@ __host__ __device__ constexpr int act_row_unroll(int light) {
   return kAct == kActGelu || kAct == kActGeluTanh ? 1 : light;
 }
 
-// The backward's apply loop over a chunk's rows: a row at a time for packs, `scalar` rows (within
-// act_row_unroll) for scalar rows. A pack row's SASS is about 2 KiB with an activation; on small shapes a
+// The backward's row loops over a chunk (the apply loop; the stats loop in bwd_task_stats' cold variant):
+// a row at a time for packs, `scalar` rows (within act_row_unroll) for scalar rows. A pack row's SASS is about 2 KiB with an activation; on small shapes a
 // member runs the loop only a few times, so it runs cold and instruction fetch stalled the apply launch more
 // than anything else (ncu: 5.2 warp-cycles per issued instruction on 2x1280x16x16 SiLU, 4.0 a row at a time);
 // the rows' x and dy come from shared memory, so unrolling bought little latency. kRowAtATime = false keeps

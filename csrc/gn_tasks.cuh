@@ -891,14 +891,13 @@ __device__ __forceinline__ float grad_of_z(float dy, float xhat, float w, float 
 }
 
 // (s1, s2) += (dz, dz * xhat) over this thread's rows of one chunk (x and dy slots), in row order.
-template <typename T, int V, int kAct, typename TW>
+// kRowAtATime: packs a row at a time (bwd_row_unroll), where the loop runs cold (cold_stats_rows).
+template <typename T, int V, int kAct, typename TW, bool kRowAtATime = false>
 __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, int sstep, int rows_threads, int limit,
                                                     const BwdCoefs<V>& k, float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
-// (unrolled even for packs: a row at a time spilled on sm_120, and it is the apply launch that waits on
-// instruction fetch: bwd_row_unroll)
-#pragma unroll act_row_unroll<kAct>(4)  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
+#pragma unroll bwd_row_unroll<kAct, V, kRowAtATime>(4)  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
@@ -929,7 +928,8 @@ __device__ __forceinline__ void load_bwd_coefs(const GnArgs& a, int64_t task, co
 // The backward stats of the tiles [t0, t1) of `task`: x and dy chunk by chunk through the ring of
 // `slots` chunk pairs, one per-channel and one per-group partial per tile. The task's statistics and
 // parameters are loaded into sm.grp and sm.param behind the first copies. Returns the number of chunks.
-template <typename T, int V, typename TW = T>
+// kColdRows: the row loop a row at a time (bwd_task_stats' cold variant: cold_stats_rows).
+template <typename T, int V, typename TW = T, bool kColdRows = false>
 __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   const TaskLane lane(a);
@@ -969,7 +969,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         if (lane.active) {
           const T* s = mine + slot * sm.slot_elems;
           with_act(a.act, [&](auto act) {
-            accumulate_rows_bwd<T, V, decltype(act)::value>(s, dy_at<T, TW>(s, dd), sstep, rt, tc.limit(q), k, s1, s2);
+            accumulate_rows_bwd<T, V, decltype(act)::value, TW, kColdRows>(s, dy_at<T, TW>(s, dd), sstep, rt,
+                                                                          tc.limit(q), k, s1, s2);
           });
         }
         if (++in_tile == cpt) {
