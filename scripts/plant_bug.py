@@ -136,6 +136,19 @@ PLANTINGS = {
         # tiles: all but the x1 cases of one tile per task (tests/test_plugin_tasks_bwd.py counts them)
         "bwd-tasks", True,
     ),
+    "bwd-cold-rows-first-row": Planting(
+        "gn_tasks.cuh",
+        "  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {\n    if (r < limit) {",
+        "  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {\n"
+        "    if (kRowAtATime && i == 0) continue;  // PLANTED: the cold variant skips a thread's first row\n"
+        "    if (r < limit) {",
+        "task backward stats, the cold variant only (bwd_task_stats<..., kColdRows>: plans whose busiest "
+        "member reads fewer than 4 chunks per task, csrc cold_stats_rows): each thread's first row of a "
+        "chunk is left out of the dweight/dbias and group sums; the warm variant (capped runs, larger "
+        "shapes) is correct, so the bitwise comparisons across caps and the fp64 references of the small "
+        "shapes go red",
+        "bwd", False,
+    ),
     "task-bwd1-reread-skip": Planting(
         "gn_tasks.cuh", "    if (q < 0 || q >= fresh) return 0;",
         "    if (q < 0 || q >= fresh || kept > 0) return 0;  // PLANTED: no overflow read again",
