@@ -11,6 +11,8 @@ SiLU fused (ours) or F.silu after F.group_norm (torch), x, weight and bias requi
 rounds with the rows interleaved (scripts/host_overhead.py's timer):
 
 - `python route`: gn_module.group_norm, what a swapped model runs;
+- `GN_CPP_NODE=1`: gn_module.group_norm through the product node (gn_module/autograd_node.cpp), built
+  on first use like the prototype;
 - `C++ node + Python lookups`: the checks and plan lookups the Python front would still make per call
   (functional._fast_route, ops._launch of both directions), then the C++ node;
 - `C++ node alone`: the node with its launches handed over once (its floor);
@@ -39,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 import gn_module
-from gn_module import _abi, functional, ops, schedule
+from gn_module import _abi, autograd_node, functional, ops, schedule
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "scripts"))
@@ -95,18 +97,28 @@ def hand_over(node: object, x: torch.Tensor, w: torch.Tensor) -> None:
 
 
 def check_bits(node: object, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> None:
-    """y, dx, dweight and dbias of the node against the Python route's: bitwise."""
+    """y, dx, dweight and dbias of the prototype and of gn_module's node (GN_CPP_NODE=1) against the Python
+    route's: bitwise."""
     dy = torch.randn_like(x)
+    autograd_node.requested = _no
     ours = gn_module.group_norm(x, GROUPS, w, b, act=ACT)
-    theirs = node.group_norm(x, w, b)  # type: ignore[attr-defined]
-    pairs = [(ours, theirs)]
-    pairs += zip(
-        torch.autograd.grad(ours, (x, w, b), dy), torch.autograd.grad(theirs, (x, w, b), dy), strict=True
+    autograd_node.requested = _yes
+    product = gn_module.group_norm(x, GROUPS, w, b, act=ACT)
+    if "GroupNormNode" not in product.grad_fn.name():
+        raise SystemExit(f"cpp_node_host.py: GN_CPP_NODE=1 did not take the node ({product.grad_fn.name()})")
+    for which, theirs in (("prototype", node.group_norm(x, w, b)), ("GN_CPP_NODE=1 node", product)):  # type: ignore[attr-defined]
+        pairs = [(ours, theirs)]
+        pairs += zip(
+            torch.autograd.grad(ours, (x, w, b), dy, retain_graph=True),
+            torch.autograd.grad(theirs, (x, w, b), dy),
+            strict=True,
+        )
+        for name, (a, c) in zip(("y", "dx", "dweight", "dbias"), pairs, strict=True):
+            if a.dtype != c.dtype or a.stride() != c.stride() or not torch.equal(a, c):
+                raise SystemExit(f"cpp_node_host.py: the {which}'s {name} differs from the Python route's")
+    print(
+        "bits: y, dx, dweight and dbias of the prototype and the GN_CPP_NODE=1 node equal the Python route's"
     )
-    for name, (a, c) in zip(("y", "dx", "dweight", "dbias"), pairs, strict=True):
-        if a.dtype != c.dtype or a.stride() != c.stride() or not torch.equal(a, c):
-            raise SystemExit(f"cpp_node_host.py: the node's {name} differs from the Python route's")
-    print("bits: y, dx, dweight and dbias of the node equal the Python route's")
 
 
 ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
@@ -158,6 +170,14 @@ def check_packing(node: object, x: torch.Tensor, w: torch.Tensor, b: torch.Tenso
     print("packing: the node's GnArgs equal the Python route's (tails, the caller's pointers, rstd offset)")
 
 
+def _yes() -> bool:
+    return True
+
+
+def _no() -> bool:
+    return False
+
+
 def rows_for(
     node: object, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor
 ) -> dict[str, Callable[[], object]]:
@@ -165,6 +185,11 @@ def rows_for(
     aligned, act = x.data_ptr() % schedule.VEC_BYTES == 0, ops._ACT_IDS[ACT]
 
     def python_route() -> object:
+        autograd_node.requested = _no  # (an attribute store: the rows below switch it per call)
+        return torch.autograd.grad(gn_module.group_norm(x, GROUPS, w, b, act=ACT), inputs, dy)
+
+    def product_node() -> object:
+        autograd_node.requested = _yes
         return torch.autograd.grad(gn_module.group_norm(x, GROUPS, w, b, act=ACT), inputs, dy)
 
     def node_with_lookups() -> object:
@@ -186,6 +211,7 @@ def rows_for(
     y_node = node.group_norm(x, w, b)  # type: ignore[attr-defined]
     return {
         "train step: python route": python_route,
+        "train step: GN_CPP_NODE=1 (gn_module's node)": product_node,
         "train step: C++ node + Python lookups": node_with_lookups,
         "train step: C++ node alone": node_alone,
         "train step: torch F.silu(F.group_norm)": torch_step,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
-from gn_module import _abi, build, schedule
+from gn_module import _abi, autograd_node, build, schedule
 from gn_module.schedule import KernelResources, Plan, Tiling
 
 ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
@@ -805,6 +805,7 @@ class _Launch:
         "args",
         "entry",
         "lib",
+        "node",
         "offsets",
         "plan",
         "rstd_offset",
@@ -831,6 +832,7 @@ class _Launch:
         self.offsets = (4 * ws, 4 * (ws + _round_up(pair, 64)))
         self.scratch_floats = ws + _round_up(pair, 64) + pair
         self.rstd_offset, self.stats_floats = _stats_layout(pair)
+        self.node: tuple[object, int] | bool | None = None  # forward: the C++ node's launches (_node_apply)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -1595,6 +1597,99 @@ _functorch_active = torch._C._are_functorch_transforms_active
 _function_apply = super(torch.autograd.Function, _EagerGroupNorm).apply
 
 
+def _node_sync_pointer(index: int, stream: int, words: int) -> int:
+    """The sync buffer of `stream` for the C++ node's backward where it runs on another stream than its
+    forward (autograd_node.cpp calls this under the GIL)."""
+    device = torch.device("cuda", index) if index >= 0 else torch.device("cpu")  # (CPU: the stub tests)
+    return _sync_buffer(device, stream, words).data_ptr()
+
+
+def _entry_address(fn: object) -> int:
+    """A library function's address; TypeError for entry points that are not C functions (a Python stub)."""
+    address = ctypes.cast(fn, ctypes.c_void_p).value  # type: ignore[arg-type]
+    if not address:
+        raise TypeError(f"no C address for {fn!r}")
+    return address
+
+
+def _node_launches(
+    node: object,
+    launch: _Launch,
+    x: torch.Tensor,
+    index: int,
+    aligned: bool,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+    param: torch.Tensor | None,
+    wide: torch.dtype | None,
+) -> tuple[object, int]:
+    """The C++ node's `Launches` for a forward launch (its backward launches found as `_EagerGroupNorm`'s
+    would find them now) and the sync words the largest of them needs."""
+    bwd = _launch("bwd", x, index, aligned, num_groups, eps, act, passes, param, wide)
+    # a wide dy is copied where it is not aligned (_dy_as_x); else a misaligned dy takes the scalar launch
+    unaligned = (
+        _launch("bwd", x, index, False, num_groups, eps, act, passes, param) if aligned and not wide else None
+    )
+
+    def part(one: _Launch, direction: str) -> object:
+        before, after = (one.tail_before_sync, one.tail_after_sync) if one.sync_words else (one.tail, b"")
+        dw_at, db_at = one.offsets if direction == "bwd" else (0, 0)
+        return node.Launch(  # type: ignore[attr-defined]
+            _entry_address(one.entry), before, after, one.sync_words, one.scratch_floats, dw_at, db_at
+        )
+
+    launches = node.Launches(  # type: ignore[attr-defined]
+        part(launch, "fwd"),
+        part(bwd, "bwd"),
+        None if unaligned is None else part(unaligned, "bwd"),
+        _entry_address(launch.lib.gn_error_string),
+        launch.stats_floats,
+        launch.workspace_floats,
+        launch.rstd_offset,
+        _typed_param_grads(bwd.plan),
+        wide,
+    )
+    words = max(launch.sync_words, bwd.sync_words, unaligned.sync_words if unaligned is not None else 0)
+    return launches, words
+
+
+def _node_apply(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+    wide: torch.dtype | None = None,
+) -> torch.Tensor | None:
+    """`_EagerGroupNorm.apply` through the C++ node (GN_CPP_NODE=1): the same launches, saved tensors and
+    bits. None where the node does not take the call (not built, launch records, poisoning or traces on,
+    a forward-mode AD level open, entry points that are not C functions): the caller takes the Function."""
+    node = autograd_node.load()
+    if node is None or _records or _poison or _traces or _forward_ad._current_level >= 0:
+        return None
+    index = x.get_device()
+    aligned = x.data_ptr() % schedule.VEC_BYTES == 0
+    param = weight if weight is not None else bias
+    launch = _launch("fwd", x, index, aligned, num_groups, eps, act, passes, param, wide)
+    found = launch.node
+    if found is None:
+        try:
+            found = _node_launches(node, launch, x, index, aligned, num_groups, eps, act, passes, param, wide)
+        except (TypeError, ctypes.ArgumentError):  # (entry points that are not C functions: a Python stub)
+            found = False
+        launch.node = found
+    if found is False:
+        return None
+    launches, words = found  # type: ignore[misc]
+    stream = _raw_stream(index)
+    sync = _sync_buffer(x.device, stream, words).data_ptr() if words else 0
+    return node.group_norm(x, weight, bias, launches, stream, sync)  # type: ignore[attr-defined]
+
+
 def group_norm_eager(
     x: torch.Tensor,
     num_groups: int,
@@ -1615,6 +1710,10 @@ def group_norm_eager(
             or (bias is not None and _is_functorch_wrapped(bias))
         ):
             return _EagerGroupNorm.apply(x, weight, bias, num_groups, eps, act, passes)
+        if autograd_node.requested():
+            y = _node_apply(x, weight, bias, num_groups, eps, act, passes)
+            if y is not None:
+                return y
         return _function_apply(x, weight, bias, num_groups, eps, act, passes)
     return forward_nograd(x, _dense(weight), _dense(bias), num_groups, eps, act, passes)
 
@@ -1642,6 +1741,10 @@ def group_norm_wide(
             return forward_nograd(
                 x, _dense(weight), _dense(bias), num_groups, eps, act, passes, torch.float32
             )
+        if autograd_node.requested():
+            y = _node_apply(x, weight, bias, num_groups, eps, act, passes, torch.float32)
+            if y is not None:
+                return y
         return _function_apply(x, weight, bias, num_groups, eps, act, passes, torch.float32)
     except NoWideLaunch:
         return None
