@@ -14,8 +14,9 @@ bound), for the same activation on both sides. The no-grad forward, float16 x, w
 The training step, x, weight and bias requiring grad, `torch.autograd.grad(y, (x, w, b), dy)` after
 the forward, in three precisions: fp32 (everything float32), bf16 autocast (bfloat16 x, float32
 parameters, under torch.autocast: what a bf16-mixed model's layers see) and bf16 params (everything
-bfloat16). Rows "ours|torch <precision> silu|none", and a floor: an autograd.Function that only
-allocates and saves (fp32).
+bfloat16). Rows "ours|torch <precision> silu|none" (ours through the C++ autograd node, the default),
+"ours-function <precision> silu" (the Python autograd.Function that GN_CPP_NODE=0 keeps), and a floor:
+an autograd.Function that only allocates and saves (fp32).
 
 Each is timed in --rounds rounds, interleaved; the median round is reported (min alongside), then a
 cProfile of our silu calls (top 18 by tottime) for each table.
@@ -52,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 import gn_module
-from gn_module import _abi, functional, ops
+from gn_module import _abi, autograd_node, functional, ops
 
 TARGET_US = 20.0
 SHAPE = (2, 64, 8, 8)
@@ -224,7 +225,7 @@ def gpu_training(args: argparse.Namespace) -> tuple[dict, str]:
     for name, (x_dtype, p_dtype, autocast) in PRECISIONS.items():
         x, w, b = training_inputs(args.shape, x_dtype, p_dtype, "cuda")
         for act in ("silu", None):
-            for impl in ("ours", "torch"):
+            for impl in ("ours", "ours-function", "torch") if act else ("ours", "torch"):
                 rows[f"{impl} {name} {act or 'none'}"] = training_step(impl, act, x, w, b, autocast)
         if name == "fp32":
             dy = torch.randn_like(x)
@@ -247,12 +248,26 @@ def gpu_training(args: argparse.Namespace) -> tuple[dict, str]:
     }, text
 
 
+_requested = autograd_node.requested
+
+
+def _never() -> bool:
+    return False
+
+
 def layer_forward(
     impl: str, act: str | None, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor
 ) -> torch.Tensor:
-    """The layer: ours (`gn_module.group_norm`, SiLU fused) or torch's (F.group_norm, then F.silu)."""
+    """The layer: ours (`gn_module.group_norm`, SiLU fused), ours with the C++ node off ("ours-function",
+    what GN_CPP_NODE=0 runs: the switch costs two attribute writes) or torch's (F.group_norm, then F.silu)."""
     if impl == "ours":
         return gn_module.group_norm(x, GROUPS, w, b, act=act)
+    if impl == "ours-function":
+        autograd_node.requested = _never
+        try:
+            return gn_module.group_norm(x, GROUPS, w, b, act=act)
+        finally:
+            autograd_node.requested = _requested
     y = F.group_norm(x, GROUPS, w, b)
     return F.silu(y) if act == "silu" else y
 
@@ -464,9 +479,8 @@ def cpu_training(args: argparse.Namespace) -> dict:
     calls = args.calls
     x, w, b = training_inputs(SHAPE, torch.float32, torch.float32, "cpu")
     eps, act, passes = 1e-5, 1, 0
-    group_norm = gn_module.group_norm
     inputs = (x, w, b)
-    y = group_norm(x, GROUPS, w, b, act="silu")
+    y = layer_forward("ours-function", "silu", x, w, b)
     ctx = y.grad_fn  # the Function's ctx: its saved tensors stay while the rows below retain the graph
     dy = torch.randn_like(y)
     stats, rstd_at = ctx.saved_tensors[3], ctx.gn[4]
@@ -477,7 +491,12 @@ def cpu_training(args: argparse.Namespace) -> dict:
     floor_y = _FloorFunction.apply(x, w, b, GROUPS, eps, act, passes)
     rows: dict[str, Callable[[], object]] = {
         "train step fp32 (group_norm + autograd.grad)": training_step("ours", "silu", x, w, b, None),
-        "  forward: group_norm with grad": lambda: group_norm(x, GROUPS, w, b, act="silu"),
+        "train step fp32, the Python Function (GN_CPP_NODE=0)": training_step(
+            "ours-function", "silu", x, w, b, None
+        ),
+        "  forward: group_norm with grad (the Function)": lambda: layer_forward(
+            "ours-function", "silu", x, w, b
+        ),
         "    functional._fast_route": lambda: functional._fast_route(x, GROUPS, w, b, eps, "silu", "auto"),
         "    ops._needs_autograd": lambda: ops._needs_autograd(x, w, b),
         "    ops._function_apply (Function.apply's C part)": lambda: ops._function_apply(

@@ -202,10 +202,13 @@ def test_launch_errors_are_the_functions(node, monkeypatch, direction):
 @pytest.mark.parametrize("context", ["launch_record", "poison_outputs"])
 def test_records_and_poisoning_keep_the_python_route(node, monkeypatch, context):
     monkeypatch.setenv(autograd_node.ENV, "1")
+    loads = []
+    monkeypatch.setattr(autograd_node, "load", lambda: loads.append(1) or node)
     stub = _WritingStub()
     with host_overhead.cpu_device(CEntries(stub)), getattr(ops, context)():
         y = gn_module.group_norm(_leaf(cl()), 32, *(_leaf(t) for t in params()))
     assert "GroupNormNode" not in y.grad_fn.name()
+    assert not loads, "records and poisoning must not build the node (the plugin's checks run under them)"
 
 
 def test_saved_tensor_hooks_see_what_the_function_saves(node, monkeypatch):
@@ -235,3 +238,14 @@ def test_not_requested_or_python_entry_points_keep_the_function(node, monkeypatc
         monkeypatch.setenv(autograd_node.ENV, "0")
         y = gn_module.group_norm(_leaf(cl()), 32)
         assert "GroupNormNode" not in y.grad_fn.name()
+
+
+@pytest.mark.parametrize(("setting", "takes_node"), [(None, True), ("1", True), ("0", False)])
+def test_the_node_is_the_default(node, monkeypatch, setting, takes_node):
+    if setting is None:
+        monkeypatch.delenv(autograd_node.ENV, raising=False)
+    else:
+        monkeypatch.setenv(autograd_node.ENV, setting)
+    with host_overhead.cpu_device(CEntries(_WritingStub())):
+        y = gn_module.group_norm(_leaf(cl()), 32, *(_leaf(t) for t in params()))
+    assert ("GroupNormNode" in y.grad_fn.name()) == takes_node, y.grad_fn.name()

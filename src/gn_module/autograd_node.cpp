@@ -1,4 +1,4 @@
-// The eager training path's autograd node in C++ (gn_module.autograd_node; opt-in, GN_CPP_NODE=1).
+// The eager training path's autograd node in C++ (gn_module.autograd_node; on by default, GN_CPP_NODE=0 turns it off).
 //
 // The Python route (ops._EagerGroupNorm, a torch.autograd.Function) pays Python's Function machinery on
 // every forward and a Python call from the autograd engine on every backward: on a host-bound model that is

@@ -1665,11 +1665,14 @@ def _node_apply(
     passes: int,
     wide: torch.dtype | None = None,
 ) -> torch.Tensor | None:
-    """`_EagerGroupNorm.apply` through the C++ node (GN_CPP_NODE=1): the same launches, saved tensors and
-    bits. None where the node does not take the call (not built, launch records, poisoning or traces on,
-    a forward-mode AD level open, entry points that are not C functions): the caller takes the Function."""
+    """`_EagerGroupNorm.apply` through the C++ node (the default; GN_CPP_NODE=0 skips it): the same
+    launches, saved tensors and bits. None where the node does not take the call (not built, launch
+    records, poisoning or traces on, a forward-mode AD level open, entry points that are not C functions):
+    the caller takes the Function."""
+    if _records or _poison or _traces or _forward_ad._current_level >= 0:
+        return None  # (before load: the plugin's checks, which record every launch, never build the node)
     node = autograd_node.load()
-    if node is None or _records or _poison or _traces or _forward_ad._current_level >= 0:
+    if node is None:
         return None
     index = x.get_device()
     aligned = x.data_ptr() % schedule.VEC_BYTES == 0
