@@ -820,3 +820,18 @@ def test_diffusers_models_tiny(tmp_path: Path) -> None:
     assert rc == 0
     (row,) = data["rows"]
     assert row["errors"] == {} and row["swapped"] > 0 and row["speedup"] > 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "built", "route"),
+    [(None, True, "C++ node"), ("1", False, "Python"), ("0", True, "Python")],
+)
+def test_the_report_names_the_training_route(monkeypatch, setting, built, route):
+    from gn_module import autograd_node
+
+    if setting is None:
+        monkeypatch.delenv(autograd_node.ENV, raising=False)
+    else:
+        monkeypatch.setenv(autograd_node.ENV, setting)
+    monkeypatch.setattr(autograd_node, "load", lambda: object() if built else None)
+    assert bm.training_route().startswith(route)

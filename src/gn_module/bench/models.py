@@ -951,6 +951,16 @@ def prebuild(device: torch.device) -> None:
         print(f"warning: gn_module kernels failed to build or run: {_error_text(exc)}", flush=True)
 
 
+def training_route() -> str:
+    """Which autograd node the swapped eager steps run: the C++ node (the default) or, with GN_CPP_NODE=0
+    or where it failed to build, the Python autograd.Function."""
+    from gn_module import autograd_node
+
+    if autograd_node.requested() and autograd_node.load() is not None:
+        return "C++ node"
+    return f"Python autograd.Function ({autograd_node.ENV}=0 or no build)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gn_module.bench models",
@@ -1108,6 +1118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if device.type == "cuda":
         prebuild(device)
+        report.settings["training_route"] = training_route()
     reasons: dict[str, str | None] = {}
     started = time.perf_counter()
     for name, precision, compiled in plan(args):
