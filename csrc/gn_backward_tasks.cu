@@ -131,13 +131,26 @@ int launch_task_backward(const GnArgs& a, cudaStream_t stream) {
   return visit_wide_config(a.dtype, a.wide_dtype, a.vec, [&](auto cfg) { return launch_two<decltype(cfg)>(a, stream); });
 }
 
+// Blocks per SM of the stats kernel a plan may launch: the fewer of its two variants' (launch_two picks
+// the cold one per plan, after the grid was capped at this residency).
+template <typename Cfg>
+cudaError_t stats_occupancy(int smem, int* blocks) {
+  using T = typename Cfg::type;
+  using TW = typename Cfg::wide;
+  constexpr int V = Cfg::vec;
+  cudaError_t e = occupancy_of(reinterpret_cast<const void*>(bwd_task_stats<T, V, TW>), smem, blocks);
+  if constexpr (V > 1) {
+    int cold = 0;
+    if (e == cudaSuccess) e = occupancy_of(reinterpret_cast<const void*>(bwd_task_stats<T, V, TW, true>), smem, &cold);
+    *blocks = min(*blocks, cold);
+  }
+  return e;
+}
+
 // Blocks per SM of the wide backward's stats kernel (its only schedule is the two launches).
 int task_backward_wide_occupancy(int dtype, int wide_dtype, int vec, int smem, int* blocks) {
-  return visit_wide_config(dtype, wide_dtype, vec, [&](auto cfg) {
-    using C = decltype(cfg);
-    return static_cast<int>(occupancy_of(
-        reinterpret_cast<const void*>(bwd_task_stats<typename C::type, C::vec, typename C::wide>), smem, blocks));
-  });
+  return visit_wide_config(dtype, wide_dtype, vec,
+                           [&](auto cfg) { return static_cast<int>(stats_occupancy<decltype(cfg)>(smem, blocks)); });
 }
 
 // Blocks per SM of the task backward: the fewer of its stats and one-pass kernels' (the teams are
@@ -147,9 +160,8 @@ int task_backward_occupancy(int dtype, int vec, int smem, int* blocks) {
   const int err = task_backward_onepass_occupancy(dtype, vec, smem, &onepass);
   if (err != cudaSuccess) return err;
   return visit_config(dtype, vec, [&](auto cfg) {
-    using C = decltype(cfg);
     int stats = 0;
-    const cudaError_t e = occupancy_of(reinterpret_cast<const void*>(bwd_task_stats<typename C::type, C::vec>), smem, &stats);
+    const cudaError_t e = stats_occupancy<decltype(cfg)>(smem, &stats);
     *blocks = min(stats, onepass);
     return static_cast<int>(e);
   });

@@ -40,7 +40,7 @@ class ProfileStatic:
     def resources(self, config: str) -> schedule.KernelResources:
         if self.report is None:
             raise RuntimeError(self.error or "not compiled")
-        return self.report.resources(config)
+        return self.report.launch_resources(config)
 
 
 def ptx_variant(profile: DeviceLimits, device_cc: tuple[int, int]) -> str | None:
@@ -89,7 +89,7 @@ class Sweep:
         for name, _dtype, tt in task_kernel_configs():
             if name in report.by_name():
                 st.task_slots[name], st.task_residency[name] = schedule.task_model(
-                    p, report.resources(name), tt
+                    p, report.launch_resources(name), tt
                 )
         return st
 

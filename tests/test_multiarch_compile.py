@@ -74,3 +74,24 @@ def test_cluster_kernel_has_its_body_only_from_sm_90(arch: str, compiled: dict) 
     if isinstance(report, Exception):
         pytest.fail(f"{arch}: {report}", pytrace=False)
     assert not cluster_kernel_problems(report)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_config_the_sweep_models_is_compiled(arch: str, compiled: dict) -> None:
+    """The sweep models residency from the ptxas report by config name (pytest_gn.device's configs); a
+    renamed or re-templated kernel must not drop out of it (session 34: bwd_task_stats' cold flag made
+    every task backward case of `--gn-arch-sweep` error at setup). Each variant the launcher may pick
+    instead (resources.VARIANT_FLAGS) sits next to its default, so launch_resources weighs it."""
+    from pytest_gn.device import MAIN_CONFIGS, MAIN_TASK_CONFIGS, kernel_configs, task_kernel_configs
+
+    report = compiled[arch]
+    if isinstance(report, Exception):
+        pytest.fail(f"{arch}: {report}", pytrace=False)
+    names = set(report.by_name())
+    wanted = [c for c, _, _ in kernel_configs() + task_kernel_configs()] + [*MAIN_CONFIGS, *MAIN_TASK_CONFIGS]
+    missing = [c for c in wanted if c not in names]
+    assert not missing, f"{arch}: the sweep models {missing}, not compiled (compiled: {sorted(names)})"
+    variants = [n for n in names for flag in resources.VARIANT_FLAGS.values() if n.endswith(f",{flag}]")]
+    assert variants, f"{arch}: no bwd_task_stats cold variant compiled"
+    orphans = [n for n in variants if n.rsplit(",", 1)[0] + "]" not in names]
+    assert not orphans, f"{arch}: variants without their default instantiation: {orphans}"

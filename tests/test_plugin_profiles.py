@@ -117,6 +117,11 @@ MANGLED = [
     ("_ZN2gn14fwd_task_applyI13__nv_bfloat16Li8ES1_EEv6GnArgs", "fwd_task_apply[bf16,vec8]"),
     ("_ZN2gn14bwd_task_statsIfLi4EfEEv6GnArgs", "bwd_task_stats[fp32,vec4]"),
     ("_ZN2gn14bwd_task_applyI6__halfLi8EfEEv6GnArgs", "bwd_task_apply[fp16,vec8,wide]"),
+    # a variant flag: false (the default instantiation) keeps the plain name, true names the variant
+    ("_ZN2gn14bwd_task_statsI6__halfLi8ES1_Lb0EEEv6GnArgs", "bwd_task_stats[fp16,vec8]"),
+    ("_ZN2gn14bwd_task_statsI6__halfLi8ES1_Lb1EEEv6GnArgs", "bwd_task_stats[fp16,vec8,cold]"),
+    ("_ZN2gn14bwd_task_statsI6__halfLi8EfLb1EEEv6GnArgs", "bwd_task_stats[fp16,vec8,wide,cold]"),
+    ("_ZN2gn9some_kernI6__halfLi8ELb1EEEv6GnArgs", "some_kern[fp16,vec8,true]"),  # a bool of no variant
     ("_ZN2gn3fooI7MyThingEEvv", "_ZN2gn3fooI7MyThingEEvv"),  # unknown template argument: kept raw
     ("_Z6kernelPf", "_Z6kernelPf"),
     ("report_arch", "report_arch"),
@@ -126,6 +131,25 @@ MANGLED = [
 @pytest.mark.parametrize(("mangled", "readable"), MANGLED)
 def test_readable_kernel_names(mangled: str, readable: str) -> None:
     assert resources.readable_name(mangled) == readable
+
+
+def test_launch_resources_plan_for_the_heavier_variant() -> None:
+    """The launcher may pick bwd_task_stats' cold variant after capping the grid: residency must hold
+    for whichever it launches."""
+
+    def kernel(name: str, registers: int, smem: int) -> resources.KernelReport:
+        return resources.KernelReport(name, name, "sm_90", "gn_backward_tasks.cu", registers, smem)
+
+    report = resources.ArchReport("sm_90", "13.0", "x", [
+        kernel("bwd_task_stats[fp16,vec8]", 96, 256), kernel("bwd_task_stats[fp16,vec8,cold]", 128, 128),
+        kernel("bwd_task_stats[fp16,vec1]", 90, 0), kernel("fwd_task_onepass[fp16,vec8]", 80, 0),
+    ])  # fmt: skip
+    assert report.resources("bwd_task_stats[fp16,vec8]") == KernelResources(96, 256)
+    assert report.launch_resources("bwd_task_stats[fp16,vec8]") == KernelResources(128, 256)
+    assert report.launch_resources("bwd_task_stats[fp16,vec1]") == KernelResources(90, 0)  # no cold variant
+    assert report.launch_resources("fwd_task_onepass[fp16,vec8]") == KernelResources(80, 0)
+    with pytest.raises(KeyError, match="no kernel 'bwd_task_stats\\[fp32,vec4\\]'"):
+        report.launch_resources("bwd_task_stats[fp32,vec4]")
 
 
 PTXAS = """\

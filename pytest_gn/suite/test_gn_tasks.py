@@ -56,10 +56,11 @@ def test_gn_task_model_matches_occupancy_api(config, dtype, tiling, gn_device) -
         problems.append(f"model slots {slots} (from {gn_device.limits}) != launched {plan.slots}")
     try:  # the sweep models profiles from ptxas numbers: they must describe the real build too
         report = resources.compile_arch(gn_device.arch)
-        modelled = schedule.task_model(gn_device.limits, report.resources(config), tiling)
+        res = report.launch_resources(config)
+        modelled = schedule.task_model(gn_device.limits, res, tiling)
         if modelled != (plan.slots, plan.residency):
             launched = (plan.slots, plan.residency)
-            problems.append(f"model from ptxas {report.resources(config)}: (slots, residency) {modelled} "
+            problems.append(f"model from ptxas {res}: (slots, residency) {modelled} "
                             f"!= launched {launched} (occupancy API)")  # fmt: skip
     except resources.NvccNotFound as exc:
         print(f"ptxas cross-check skipped: {exc}")

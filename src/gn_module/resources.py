@@ -46,6 +46,10 @@ KERNELS = (
 )
 # Itanium-mangled template arguments we name; anything else keeps the raw name.
 _TYPE_CODES = {"f": "fp32", "d": "fp64", "6__half": "fp16", "13__nv_bfloat16": "bf16"}
+# Kernels whose bool template argument picks a variant the launcher chooses per plan: true is named by
+# the variant, false (the default instantiation) is left out, so the default keeps the config name the
+# plugin and the launcher's occupancy use (bwd_task_stats' kColdRows: csrc/gn_backward_tasks.cu).
+VARIANT_FLAGS = {"bwd_task_stats": "cold"}
 
 
 class CompileError(RuntimeError):
@@ -139,7 +143,8 @@ def readable_name(mangled: str) -> str:
     x dtypes or int literals); every other name is returned unchanged. A type argument after the
     vector width is the task kernels' wide type (y or dy): left out where it is x's (a mangled
     substitution or the same code), ``wide`` where it is float32 for a float16/bfloat16 x
-    (``fwd_task_apply[bf16,vec8,wide]``).
+    (``fwd_task_apply[bf16,vec8,wide]``). A bool argument of a `VARIANT_FLAGS` kernel names its
+    variant when true (``bwd_task_stats[fp16,vec8,cold]``) and is left out when false.
     """
     if not mangled.startswith("_ZN2gn"):
         return mangled
@@ -162,7 +167,11 @@ def readable_name(mangled: str) -> str:
                 continue
             lit = re.match(r"Lb([01])E", mangled[pos:])
             if lit:
-                args.append("true" if lit.group(1) == "1" else "false")
+                flag = VARIANT_FLAGS.get(base)
+                if flag is None:
+                    args.append("true" if lit.group(1) == "1" else "false")
+                elif lit.group(1) == "1":
+                    args.append(flag)
                 pos += len(lit.group(0))
                 continue
             sub = re.match(r"S\d*_", mangled[pos:])
@@ -245,6 +254,20 @@ class ArchReport:
         if config not in table:
             raise KeyError(f"no kernel {config!r} for {self.arch}; compiled: {', '.join(sorted(table))}")
         return table[config].resources
+
+    def launch_resources(self, config: str) -> KernelResources:
+        """What a launch of ``config`` must plan residency for: its resources, or where the launcher
+        may pick a `VARIANT_FLAGS` variant of it instead, the larger registers and shared memory of
+        each (KeyError as `resources`)."""
+        res = self.resources(config)
+        base = config.split("[", 1)[0]
+        flag = VARIANT_FLAGS.get(base)
+        variant = f"{config[:-1]},{flag}]" if flag and config.endswith("]") else None
+        table = self.by_name()
+        if variant in table:
+            alt = table[variant].resources
+            res = KernelResources(max(res.registers, alt.registers), max(res.static_smem, alt.static_smem))
+        return res
 
     @property
     def spilling(self) -> list[KernelReport]:
@@ -433,7 +456,8 @@ def _read_report(cache: Path, arch: str, version: str, digest: str) -> ArchRepor
         return None
     try:
         data = json.loads(cache.read_text())
-        kernels = [KernelReport(**k) for k in data["kernels"]]
+        # names are derived again: a renaming here must not meet names cached under the old rules
+        kernels = [KernelReport(**{**k, "name": readable_name(k["mangled"])}) for k in data["kernels"]]
         return ArchReport(arch, version, digest, kernels, cached=True)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # a corrupt or stale-format entry is simply recompiled
