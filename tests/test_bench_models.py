@@ -524,6 +524,26 @@ def test_check_values_show_the_digits_that_decide_them() -> None:
     assert line(1.6 - 1e-12, 1.6, True).startswith("MISS")
 
 
+def test_speedup_checks_name_the_per_round_range() -> None:
+    """Session 34: on a noisy host one row read 0.75x and its rerun 1.29x. Eager configurations take
+    turns round by round, so each round's baseline / swapped is a paired sample; the speedup's note gives
+    their range, and the JSON keeps them."""
+    row = fake_row(30.0, 36.0, 25.0)
+    row.measurements["channels_last"].round_ms = [30.0, 29.0, 45.0]
+    row.measurements["swapped"].round_ms = [25.0, 29.0, 25.0]
+    assert row.round_speedups == pytest.approx([1.2, 1.0, 1.8])
+    (check,) = [c for c in bm.check_criteria([row]) if c.target == "speedup"]
+    assert check.note == "per round 1.00-1.80" and check.value == pytest.approx(1.2)
+    assert checks_lines([check])[0].endswith("(target >= 1; per round 1.00-1.80)")
+    assert row.as_dict()["round_speedups"] == pytest.approx([1.2, 1.0, 1.8])
+    row.measurements["swapped"].round_ms = [25.0, 29.0]  # rounds that do not pair (an error): none
+    assert row.round_speedups == []
+    assert next(c for c in bm.check_criteria([row]) if c.target == "speedup").note == ""
+    compiled = fake_row(30.0, 36.0, 25.0, compiled=True)  # compile rows run one after another: not paired
+    compiled.measurements["channels_last"].round_ms = compiled.measurements["swapped"].round_ms = [1.0, 2.0]
+    assert compiled.round_speedups == []
+
+
 def test_gn_free_bound_lowers_a_speedup_target_to_its_limit_fraction() -> None:
     """--gn-free: baseline ms / GN-free channels_last ms bounds any swap on channels_last; a speedup target
     above 0.9 x that bound becomes 0.9 x the bound (issue 13's rule for measured limits)."""

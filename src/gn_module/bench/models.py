@@ -12,7 +12,9 @@ Each configuration runs W warm-up steps, then N timed steps in R rounds (``--rou
 the three models alive and alternate them round by round (the configuration that goes first rotates), so
 a drift of the GPU's clocks or of its neighbours hits all three alike; compile rows are timed one
 configuration after another (each compiles cold after ``torch.compiler.reset()``, which would also drop
-the others' compiled code). The step time is the median of the round medians. On CUDA every step is
+the others' compiled code). The step time is the median of the round medians; an eager row's speedup
+criterion also gives the range of its per-round speedups (baseline / swapped of the same round), which
+shows how far a noisy host moved the verdict. On CUDA every step is
 bracketed by CUDA events (a round's steps are queued back to back, as in training) and the peak memory is
 ``torch.cuda.max_memory_allocated`` over the configuration's timed steps, less the tensors (parameters,
 AdamW state, batch) of the other configurations kept alive beside it; on the CPU (smoke tests) steps are
@@ -178,6 +180,16 @@ class Row:
         return base.median_ms / ours.median_ms
 
     @property
+    def round_speedups(self) -> list[float]:
+        """baseline / swapped of each round (eager rows: the configurations take turns round by round,
+        so a round's two medians were measured moments apart). Their spread shows how far the host's
+        or the GPU's noise moved the row; empty for compile rows and rows that did not finish."""
+        base, ours = self.baseline, self.swapped
+        if self.compiled or base is None or ours is None or len(base.round_ms) != len(ours.round_ms):
+            return []
+        return [b / s for b, s in zip(base.round_ms, ours.round_ms, strict=True) if s]
+
+    @property
     def gn_free_bound(self) -> float | None:
         """baseline ms / GN-free ms: the most a GroupNorm swapped in on channels_last can give (--gn-free)."""
         base, free = self.baseline, self.measurements.get(GN_FREE)
@@ -239,6 +251,7 @@ class Row:
             "baseline_ms": base.median_ms if base else None,
             "swapped_ms": ours.median_ms if ours else None,
             "speedup": self.speedup,
+            "round_speedups": self.round_speedups,
             "busy_speedup": self.busy_speedup,
             "host_bound": self.host_bound,
             "gn_free_ms": (self.measurements[GN_FREE].median_ms if GN_FREE in self.measurements else None),
@@ -679,9 +692,12 @@ def check_criteria(rows: Sequence[Row], judged: bool = True) -> list[TargetCheck
     return checks
 
 
-def _speedup_target(target: str, r: Row, minimum: float) -> tuple[str, float | None, float]:
-    """(target, value, threshold) of a speedup criterion: ``minimum``, or LIMIT_FRACTION of the row's
-    GN-free bound where that is lower (the measured limit; said in the target's name)."""
+def _speedup_target(target: str, r: Row, minimum: float) -> tuple[str, float | None, float, bool, str]:
+    """(target, value, threshold, higher, note) of a speedup criterion: ``minimum``, or LIMIT_FRACTION of
+    the row's GN-free bound where that is lower (the measured limit; said in the target's name). The note
+    gives the per-round speedups' range, so a verdict the noise decided can be told apart."""
+    rounds = r.round_speedups
+    note = f"per round {min(rounds):.2f}-{max(rounds):.2f}" if len(rounds) > 1 else ""
     bound = r.gn_free_bound
     if bound is not None and LIMIT_FRACTION * bound < minimum:
         limited = round(LIMIT_FRACTION * bound, 3)
@@ -689,8 +705,10 @@ def _speedup_target(target: str, r: Row, minimum: float) -> tuple[str, float | N
             f"{target}, {LIMIT_FRACTION:g} x the GN-free bound {bound:.2f}x (target {minimum:g})",
             r.speedup,
             limited,
+            True,
+            note,
         )
-    return target, r.speedup, minimum
+    return target, r.speedup, minimum, True, note
 
 
 @dataclass
