@@ -533,8 +533,8 @@ def test_speedup_checks_name_the_per_round_range() -> None:
     row.measurements["swapped"].round_ms = [25.0, 29.0, 25.0]
     assert row.round_speedups == pytest.approx([1.2, 1.0, 1.8])
     (check,) = [c for c in bm.check_criteria([row]) if c.target == "speedup"]
-    assert check.note == "per round 1.00-1.80" and check.value == pytest.approx(1.2)
-    assert checks_lines([check])[0].endswith("(target >= 1; per round 1.00-1.80)")
+    assert check.note == "per round 1.00-1.80, median 1.20" and check.value == pytest.approx(1.2)
+    assert checks_lines([check])[0].endswith("(target >= 1; per round 1.00-1.80, median 1.20)")
     assert row.as_dict()["round_speedups"] == pytest.approx([1.2, 1.0, 1.8])
     row.measurements["swapped"].round_ms = [25.0, 29.0]  # rounds that do not pair (an error): none
     assert row.round_speedups == []

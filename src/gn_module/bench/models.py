@@ -13,8 +13,8 @@ the three models alive and alternate them round by round (the configuration that
 a drift of the GPU's clocks or of its neighbours hits all three alike; compile rows are timed one
 configuration after another (each compiles cold after ``torch.compiler.reset()``, which would also drop
 the others' compiled code). The step time is the median of the round medians; an eager row's speedup
-criterion also gives the range of its per-round speedups (baseline / swapped of the same round), which
-shows how far a noisy host moved the verdict. On CUDA every step is
+criterion also gives the range and median of its per-round speedups (baseline / swapped of the same
+round, a paired sample), which show how far a noisy host moved the verdict. On CUDA every step is
 bracketed by CUDA events (a round's steps are queued back to back, as in training) and the peak memory is
 ``torch.cuda.max_memory_allocated`` over the configuration's timed steps, less the tensors (parameters,
 AdamW state, batch) of the other configurations kept alive beside it; on the CPU (smoke tests) steps are
@@ -697,7 +697,8 @@ def _speedup_target(target: str, r: Row, minimum: float) -> tuple[str, float | N
     the row's GN-free bound where that is lower (the measured limit; said in the target's name). The note
     gives the per-round speedups' range, so a verdict the noise decided can be told apart."""
     rounds = r.round_speedups
-    note = f"per round {min(rounds):.2f}-{max(rounds):.2f}" if len(rounds) > 1 else ""
+    spread = f"{min(rounds):.2f}-{max(rounds):.2f}, median {statistics.median(rounds):.2f}"
+    note = f"per round {spread}" if len(rounds) > 1 else ""
     bound = r.gn_free_bound
     if bound is not None and LIMIT_FRACTION * bound < minimum:
         limited = round(LIMIT_FRACTION * bound, 3)
