@@ -697,8 +697,9 @@ def _speedup_target(target: str, r: Row, minimum: float) -> tuple[str, float | N
     the row's GN-free bound where that is lower (the measured limit; said in the target's name). The note
     gives the per-round speedups' range, so a verdict the noise decided can be told apart."""
     rounds = r.round_speedups
-    spread = f"{min(rounds):.2f}-{max(rounds):.2f}, median {statistics.median(rounds):.2f}"
-    note = f"per round {spread}" if len(rounds) > 1 else ""
+    note = ""
+    if len(rounds) > 1:
+        note = f"per round {min(rounds):.2f}-{max(rounds):.2f}, median {statistics.median(rounds):.2f}"
     bound = r.gn_free_bound
     if bound is not None and LIMIT_FRACTION * bound < minimum:
         limited = round(LIMIT_FRACTION * bound, 3)
