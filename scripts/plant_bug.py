@@ -228,6 +228,16 @@ PLANTINGS = {
         "whatever the workspace held)",
         "bwd-tasks", False,
     ),
+    # Timing only (results stay right): the cold stats variant (a row at a time) for members of fewer than
+    # 2 chunks instead of 4. Session 31's premise check left 2x320x64x64 fp32 warm either way; whether
+    # 2-3-chunk members gain from the unrolled loop is open (`bash scripts/ab_trees.sh OUT head=TREE
+    # warm2=TREE%timing-bwd-warm-chunks-2`, the small and mid shapes, alternating rounds).
+    "timing-bwd-warm-chunks-2": Planting(
+        "gn_backward_tasks.cu", "constexpr int kWarmChunks = 4;",
+        "constexpr int kWarmChunks = 2;  // PLANTED (timing only): cold rows below 2 chunks",
+        "task backward stats: the cold variant only for members of 1 chunk (kWarmChunks 2, not 4)",
+        "cold", False,
+    ),
     # Timing experiments on the forward's stats phase (task kernels; results wrong): how much of the
     # stats launch's time is the per-element arithmetic, and how much the per-tile fold.
     "timing-fwd-less-math": Planting(

@@ -38,6 +38,7 @@ TASK_PLANTING_SOURCES = {
 #: The timing experiments (scripts/ab_trees.sh TREE%PLANTING), by the source that instantiates them.
 TIMING_PLANTING_SOURCES = {
     "timing-bwd-no-param-sums": "gn_backward_tasks.cu",
+    "timing-bwd-warm-chunks-2": "gn_backward_tasks.cu",
     "timing-fwd-less-math": "gn_forward.cu",
     "timing-fwd-no-fold": "gn_forward.cu",
     "timing-fwd-copy-only": "gn_forward.cu",
