@@ -252,7 +252,10 @@ class ArchReport:
         """KernelResources of a config like ``fwd_onepass[fp16,vec8]`` (KeyError naming the known ones)."""
         table = self.by_name()
         if config not in table:
-            raise KeyError(f"no kernel {config!r} for {self.arch}; compiled: {', '.join(sorted(table))}")
+            # the same kernel's configurations where there are any (a renamed template argument), else all
+            base = config.split("[", 1)[0]
+            near = sorted(n for n in table if n.split("[", 1)[0] == base) or sorted(table)
+            raise KeyError(f"no kernel {config!r} for {self.arch}; compiled: {', '.join(near)}")
         return table[config].resources
 
     def launch_resources(self, config: str) -> KernelResources:
