@@ -15,6 +15,7 @@ out=${1:?usage: ab_trees.sh OUT NAME=TREE [NAME=TREE ...]}
 shift
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 export PYTHONUNBUFFERED=1
+# AB_SHAPES: names of `gn_module.bench`'s shapes (substrings); a shape it does not have is an error.
 SHAPES=${AB_SHAPES:-2x320x64x64,2x640x32x32,2x1280x16x16,1x512x128x128}
 DIRECTION=${AB_DIRECTION:-bwd}
 case $DIRECTION in

@@ -133,6 +133,12 @@ def test_select_cases() -> None:
     assert [c.name for c in bench_cases.select_cases(["G16"], quick=True)] == ["1x128x1024x2048-G16"]
     with pytest.raises(ValueError, match="no benchmark shape"):
         bench_cases.select_cases(["7x7"])
+    # One unknown shape among known ones is an error too, named (session 35's A/B asked for 8x320x64x64 and
+    # silently got the four default shapes only).
+    with pytest.raises(ValueError, match=r"no benchmark shape matches \['8x320x64x64'\]"):
+        bench_cases.select_cases(["2x320x64x64", "8x320x64x64"])
+    with pytest.raises(ValueError, match="under --quick"):
+        bench_cases.select_cases(["2x320"], quick=True)
 
 
 def test_bytes_moved() -> None:

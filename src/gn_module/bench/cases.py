@@ -114,13 +114,21 @@ def configured_cases() -> tuple[Case, ...]:
 def select_cases(
     patterns: Sequence[str] | None = None, *, quick: bool = False, cases: Iterable[Case] = CASES
 ) -> list[Case]:
-    """Cases whose name contains any pattern (case-insensitive); --quick keeps QUICK_NAMES only."""
+    """Cases whose name contains any pattern (case-insensitive); --quick keeps QUICK_NAMES only.
+
+    Every pattern must match a case: a shape that is not one of the benchmark's (a typo, or a shape meant
+    for `scripts/time_shapes.py`) raises instead of silently timing fewer rows than asked for.
+    """
     chosen = [c for c in cases if not quick or c.name in QUICK_NAMES]
     if patterns:
         pats = [p.strip().lower() for p in patterns if p.strip()]
+        unmatched = [p for p in pats if not any(p in c.name.lower() for c in chosen)]
+        if unmatched:
+            raise ValueError(
+                f"no benchmark shape matches {unmatched}"
+                f"{' under --quick' if quick else ''}; known: {[c.name for c in chosen]}"
+            )
         chosen = [c for c in chosen if any(p in c.name.lower() for p in pats)]
-        if not chosen:
-            raise ValueError(f"no benchmark shape matches {list(patterns)}; known: {[c.name for c in cases]}")
     return chosen
 
 
