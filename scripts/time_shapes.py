@@ -8,7 +8,10 @@ activation (:silu, :relu, :gelu, :gelu_tanh; both directions run it). The timer 
 (CUDA events, L2 flushed, median); TB/s counts the minimum bytes (forward x and y, backward x, dy and
 dx) and SOL divides by the copy bandwidth measured in the same run. The plan printed beside each row
 is `gn_module.plan`'s. `--passes` times each schedule given (default auto only;
-1 forces one launch, 2 the stats and apply launches), to check what `auto` picks.
+1 forces one launch, 2 the stats and apply launches), to check what `auto` picks. `--warm-code` runs the
+same call on a second set of tensors after each flush (untimed): the kernels' code and parameters are
+back in L2 while x, dy and the statistics are not, so the difference to a plain run is what the flush's
+cold code costs the small shapes.
 """
 
 from __future__ import annotations
@@ -49,15 +52,13 @@ def _teams(plan) -> str:
     return f"{tm.teams}x{tm.team_size} r{tm.rounds} c{tm.chunks_per_member}+{tm.overflow_chunks}"
 
 
-def time_shape(
-    spec: str, dname: str, directions: list[str], timer: EventTimer, copy: float, passes: str = "auto"
-) -> list[dict]:
-    """Rows for one shape: each direction of `ours` under `passes` ("auto", "1", "2") timed, with its plan."""
-    sched: int | str = passes if passes == "auto" else int(passes)
-    shape, groups, act = parse(spec)
-    dtype = DT[dname]
+def _calls(
+    shape: tuple[int, ...], groups: int, act: str | None, dtype: torch.dtype, sched: int | str, seed: int
+):
+    """The forward and backward calls of `ours` on fresh tensors of one shape (the backward's statistics
+    from a forward of the same x)."""
     act_id = _abi.ACT_CODES[act]
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
     x = torch.empty(shape, device="cuda", dtype=dtype).to(memory_format=fmt)
     x.normal_(3.0, 2.0, generator=g)
@@ -74,21 +75,47 @@ def time_shape(
     def backward():
         return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, sched)
 
+    return x, {"fwd": forward, "bwd": backward}
+
+
+def time_shape(
+    spec: str,
+    dname: str,
+    directions: list[str],
+    timer: EventTimer,
+    copy: float,
+    passes: str = "auto",
+    warm_code: bool = False,
+) -> list[dict]:
+    """Rows for one shape: each direction of `ours` under `passes` ("auto", "1", "2") timed, with its plan;
+    with `warm_code`, after each flush the same call runs untimed on a second set of tensors."""
+    sched: int | str = passes if passes == "auto" else int(passes)
+    shape, groups, act = parse(spec)
+    dtype = DT[dname]
+    x, calls = _calls(shape, groups, act, dtype, sched, seed=0)
+    twins = _calls(shape, groups, act, dtype, sched, seed=1)[1] if warm_code else {}
+
     rows = []
     for direction in directions:
-        fn, tensors = (forward, 2) if direction == "fwd" else (backward, 3)
-        t = time_cuda(fn, reps=50, warmup=5, min_reps=10, max_seconds=0.2, timer=timer)
+        fn, tensors = calls[direction], 2 if direction == "fwd" else 3
+        timer.before = twins.get(direction)
+        try:
+            t = time_cuda(fn, reps=50, warmup=5, min_reps=10, max_seconds=0.2, timer=timer)
+        finally:
+            timer.before = None
         tbps = tensors * x.numel() * x.element_size() / t.median_us / 1e6
         plan = ops.plan(x.shape, groups, dtype, direction, sched)
         tiling = plan.tiling
-        row = {"shape": spec, "dtype": dname, "dir": direction, "passes": passes, "us": round(t.median_us, 2),
+        row = {"shape": spec, "dtype": dname, "dir": direction, "passes": passes, "warm_code": warm_code,
+               "us": round(t.median_us, 2),
                "iqr_us": round(t.iqr_us, 2), "tbps": round(tbps, 3), "sol": round(tbps / copy, 3),
                "tiles_per_task": getattr(tiling, "tiles_per_task", None),
                "tasks": getattr(tiling, "tasks", None), "grid": plan.grid,
                "schedule": plan.schedule, "teams": _teams(plan)}  # fmt: skip
         rows.append(row)
         print(
-            f"{spec:28} {direction} {passes:>4} {row['us']:9.2f} us (IQR {row['iqr_us']:.2f}) "
+            f"{spec:28} {direction} {passes:>4}{' warm-code' if warm_code else ''} "
+            f"{row['us']:9.2f} us (IQR {row['iqr_us']:.2f}) "
             f"{tbps:6.3f} TB/s "
             f"SOL {row['sol']:.3f}  tasks={row['tasks']} tiles/task={row['tiles_per_task']} "
             f"grid={plan.grid} sched={plan.schedule} {row['teams']}"
@@ -104,6 +131,11 @@ def main() -> int:
     ap.add_argument("--passes", default="auto", help="comma-separated schedules: auto, 1, 2")
     ap.add_argument("--json")
     ap.add_argument("--no-flush", action="store_true", help="no L2 flush between repetitions")
+    ap.add_argument(
+        "--warm-code",
+        action="store_true",
+        help="also time each row with the same call on other tensors after the flush (code warm, data cold)",
+    )
     args = ap.parse_args()
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()), flush=not args.no_flush)
     copy = copy_bandwidth(timer=timer).tbps
@@ -111,7 +143,8 @@ def main() -> int:
     rows = []
     for spec in args.shapes:
         for passes in args.passes.split(","):
-            rows += time_shape(spec, args.dtype, args.directions.split(","), timer, copy, passes)
+            for warm in (False, True) if args.warm_code else (False,):
+                rows += time_shape(spec, args.dtype, args.directions.split(","), timer, copy, passes, warm)
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as fh:

@@ -92,6 +92,33 @@ def test_event_timer_needs_cuda() -> None:
         timing.EventTimer()
 
 
+def test_event_timer_runs_before_after_the_flush_and_outside_the_events() -> None:
+    """`EventTimer.before` (time_shapes.py --warm-code) runs after the L2 flush and before the start event."""
+    log: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            pass
+
+        def record(self) -> None:
+            log.append("event")
+
+    class Flush:
+        def sum(self) -> None:
+            log.append("flush")
+
+    fake_torch = type("T", (), {"cuda": type("C", (), {"Event": Event})})
+    timer = timing.EventTimer.__new__(timing.EventTimer)
+    timer.torch, timer._flush_buf, timer._sleep, timer.delay_us = fake_torch, Flush(), None, 20.0
+    timer.before = lambda: log.append("before")
+    timer.enqueue(lambda: log.append("call"))
+    assert log == ["flush", "before", "event", "call", "event"]
+    log.clear()
+    timer.before = None
+    timer.enqueue(lambda: log.append("call"))
+    assert log == ["flush", "event", "call", "event"]
+
+
 # ---------------------------------------------------------------- shapes and bytes
 
 ISSUE_TEXT = (

@@ -4,7 +4,9 @@ How one repetition is timed (`EventTimer.enqueue`):
 
 1. Flush L2 by *reading* a buffer several times the L2 size (a sum). Reading leaves only clean lines in
    L2, so the timed kernel never pays for write-backs of the flush; the previous repetition's dirty
-   output lines are written back here, outside the timed region.
+   output lines are written back here, outside the timed region. An experiment may set
+   ``EventTimer.before`` to run a call after the flush (untimed): the same kernels on other tensors
+   bring their code and parameters back into L2, so the timed call is cold in its data only.
 2. Queue a GPU-side spin (``torch.cuda._sleep``) longer than the host overhead of the timed call, so
    the GPU is still busy when the start event is queued: the events then bracket GPU work only, not
    Python/dispatcher time spent enqueueing it.
@@ -150,6 +152,7 @@ class EventTimer:
         self._sleep = getattr(torch.cuda, "_sleep", None)  # private but long-stable; absent: no spin
         self._cycles_per_us: float | None = None
         self.delay_us = MIN_DELAY_US
+        self.before: Callable[[], object] | None = None  # queued after the flush, untimed (see above)
 
     @property
     def can_delay(self) -> bool:
@@ -201,6 +204,8 @@ class EventTimer:
         torch = self.torch
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self.flush()
+        if self.before is not None:
+            self.before()
         self.spin(self.delay_us)
         start.record()
         fn()
