@@ -199,6 +199,11 @@ _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _USED = re.compile(r"Used (\d+) registers")
 
 
+def kernel_of(config: str) -> str:
+    """The kernel a config names: ``fwd_onepass[fp16,vec8]`` -> ``fwd_onepass``."""
+    return config.split("[", 1)[0]
+
+
 def parse_ptxas(text: str, arch: str = "", source: str = "") -> list[KernelReport]:
     """Parse ``ptxas -v`` output into one report per entry (kernel) function."""
     reports: dict[str, dict] = {}
@@ -253,8 +258,7 @@ class ArchReport:
         table = self.by_name()
         if config not in table:
             # the same kernel's configurations where there are any (a renamed template argument), else all
-            base = config.split("[", 1)[0]
-            near = sorted(n for n in table if n.split("[", 1)[0] == base) or sorted(table)
+            near = sorted(n for n in table if kernel_of(n) == kernel_of(config)) or sorted(table)
             raise KeyError(f"no kernel {config!r} for {self.arch}; compiled: {', '.join(near)}")
         return table[config].resources
 
@@ -263,8 +267,7 @@ class ArchReport:
         may pick a `VARIANT_FLAGS` variant of it instead, the larger registers and shared memory of
         each (KeyError as `resources`)."""
         res = self.resources(config)
-        base = config.split("[", 1)[0]
-        flag = VARIANT_FLAGS.get(base)
+        flag = VARIANT_FLAGS.get(kernel_of(config))
         variant = f"{config[:-1]},{flag}]" if flag and config.endswith("]") else None
         table = self.by_name()
         if variant in table:
