@@ -23,6 +23,8 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from gn_module.bench.gn_share import device_us, is_device_event
+
 NODE_PREFIX = "autograd::engine::evaluate_function: "
 
 
@@ -34,29 +36,18 @@ def short_kernel(name: str) -> str:
 
 def launcher(event: object) -> str:
     """The autograd node (backward) or the outermost op (forward) above a CPU op event."""
-    node = None
-    parent = getattr(event, "cpu_parent", None)
     chain = [event]
-    while parent is not None:
-        chain.append(parent)
-        parent = parent.cpu_parent
+    while getattr(chain[-1], "cpu_parent", None) is not None:
+        chain.append(chain[-1].cpu_parent)
     for e in chain:
         if e.name.startswith(NODE_PREFIX):
-            node = e.name.removeprefix(NODE_PREFIX)
-            break
-    if node is not None:
-        return f"bwd {node}"
+            return f"bwd {e.name.removeprefix(NODE_PREFIX)}"
     named = [e for e in chain if e.name.startswith(("aten::", "gn_module::")) or "::" not in e.name]
     outer = named[-1] if named else chain[-1]
     return f"fwd {outer.name}"
 
 
 UNLINKED = "(no CPU op)"
-
-
-def _is_device_event(e: object) -> bool:
-    kind = getattr(e, "device_type", None)
-    return kind is not None and str(kind).rsplit(".", 1)[-1] == "CUDA"
 
 
 def kernel_table(events: Iterable[object], steps: int) -> dict[tuple[str, str], float]:
@@ -72,8 +63,8 @@ def kernel_table(events: Iterable[object], steps: int) -> dict[tuple[str, str], 
             linked[k.name] += k.duration
     device: dict[str, float] = defaultdict(float)
     for e in events:
-        if _is_device_event(e):
-            device[e.name] += e.time_range.end - e.time_range.start
+        if is_device_event(e):
+            device[e.name] += device_us(e)
     for name, us in device.items():
         if us - linked.get(name, 0.0) > 0.5:  # microseconds, summed over the profiled steps
             table[(UNLINKED, short_kernel(name))] += (us - linked.get(name, 0.0)) * 1e-3 / steps

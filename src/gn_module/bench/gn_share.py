@@ -204,7 +204,7 @@ def gn_share(events: Iterable[OpEvent], steps: int, source: str = DEVICE_SOURCE)
         k.duration for e in events if id(e) not in inside for k in e.kernels if GN_KERNEL_NAME.search(k.name)
     )
     per_step = 1e-3 / steps  # microseconds in total -> milliseconds per step
-    device = [(e.name, _device_us(e)) for e in events if _is_device_event(e)]
+    device = [(e.name, device_us(e)) for e in events if is_device_event(e)]
     own = [us for name, us in device if OWN_KERNEL_NAME.search(name)]
     own_ops = [e for e in events if e.name in OWN_OPS and not _inside(e, OWN_OPS)]
     return GnShare(
@@ -226,13 +226,13 @@ def gn_share(events: Iterable[OpEvent], steps: int, source: str = DEVICE_SOURCE)
     )
 
 
-def _is_device_event(event: OpEvent) -> bool:
+def is_device_event(event: OpEvent) -> bool:
     """A device-side event of the trace (its own FunctionEvent, device_type CUDA): kernels, copies."""
     kind = getattr(event, "device_type", None)
     return kind is not None and str(kind).rsplit(".", 1)[-1] in ("CUDA", "PrivateUse1", "XPU")
 
 
-def _device_us(event: Any) -> float:
+def device_us(event: Any) -> float:
     span = event.time_range
     return float(span.end - span.start)
 
