@@ -1,6 +1,25 @@
+import shutil
+
 import pytest
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory):
+    """gn_module's C++ extension (the autograd node and the ops' C++ kernels), built into a fresh cache;
+    skips where it cannot be built (no C++ compiler or ninja)."""
+    from gn_module import autograd_node
+
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler")
+    pytest.importorskip("ninja", reason="torch.utils.cpp_extension needs ninja")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        built = autograd_node.load()
+    if built is None:
+        pytest.fail("the C++ extension did not build (see the warning)")
+    return built
 
 
 @pytest.fixture

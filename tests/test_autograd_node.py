@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import shutil
 
 import pytest
 import torch
@@ -48,19 +47,6 @@ class CEntries:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.stub, name)
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory):
-    if not (shutil.which("c++") or shutil.which("g++")):
-        pytest.skip("no C++ compiler")
-    pytest.importorskip("ninja", reason="torch.utils.cpp_extension needs ninja")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        built = autograd_node.load()
-    if built is None:
-        pytest.fail("the C++ autograd node did not build (see the warning)")
-    return built
 
 
 @pytest.fixture(autouse=True)

@@ -7,30 +7,15 @@
 // in front of the launch's cached GnArgs bytes, call the kernel library's entry point. Python still finds
 // the launches (ops._launch: plan, GnArgs bytes) once per call signature and hands them over as a
 // `Launches`; everything per call after that is here. No kernel code: torch headers stay out of csrc/.
-#include <torch/extension.h>
+// The same extension holds the custom ops' C++ kernels (op_kernels.cpp), which compiled graphs call.
+#include "launches.h"
 
-#include <cstdint>
-#include <cstring>
-#include <string>
+#include <optional>
 #include <utility>
-#include <vector>
 
 namespace {
 
-using Entry = int (*)(const void* args, void* stream);
-using ErrorString = const char* (*)(int code);
-constexpr int kPointers = 11;      // gn_module._abi.POINTER_FIELDS, in this order:
-enum Pointer { kX, kDy, kOut, kWeight, kBias, kMean, kRstd, kWorkspace, kDweight, kDbias, kRecord };
-constexpr int64_t kVecBytes = 16;  // schedule.VEC_BYTES: the vector launches' alignment
-
-// One launch: the library entry point and the GnArgs bytes after the data pointers, around the sync pointer.
-struct Launch {
-  Entry entry = nullptr;
-  std::string before_sync, after_sync;  // `tail` when sync_words == 0 (after_sync empty)
-  int64_t sync_words = 0;
-  int64_t scratch_floats = 0;  // backward: workspace + dweight/dbias scratch (ops._Launch)
-  int64_t dweight_at = 0, dbias_at = 0;  // backward: their byte offsets in the scratch
-};
+using namespace gn_node;
 
 // A forward call signature's launches, as Python found them: the forward's, the backward's for a dy aligned
 // as x is (bwd_aligned), and for a 16-byte aligned x the backward's for a dy that is not (bwd_unaligned).
@@ -61,34 +46,6 @@ Launch make_launch(int64_t entry, py::bytes before, py::bytes after, int64_t syn
   return l;
 }
 
-uint64_t address(const at::Tensor& t) { return t.defined() ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0; }
-
-void* current_stream(const at::Tensor& x) {
-  if (!x.is_cuda()) return nullptr;  // (CPU tensors reach here only with the CPU tests' stub library)
-  c10::impl::VirtualGuardImpl guard(x.device().type());
-  return guard.getStream(x.device()).native_handle();
-}
-
-void send(const Launches& ls, const Launch& l, const uint64_t (&pointers)[kPointers], uint64_t sync, void* stream,
-          const char* what) {
-  const size_t head = sizeof(pointers), mid = l.before_sync.size(), tail = l.after_sync.size();
-  const size_t sync_bytes = l.sync_words ? sizeof(sync) : 0;
-  char stack[1024];
-  std::vector<char> heap;
-  char* args = stack;
-  if (head + mid + sync_bytes + tail > sizeof(stack)) {
-    heap.resize(head + mid + sync_bytes + tail);
-    args = heap.data();
-  }
-  std::memcpy(args, pointers, head);
-  std::memcpy(args + head, l.before_sync.data(), mid);
-  if (sync_bytes) std::memcpy(args + head + mid, &sync, sync_bytes);
-  std::memcpy(args + head + mid + sync_bytes, l.after_sync.data(), tail);
-  const int code = l.entry(args, stream);
-  TORCH_CHECK(code == 0, "gn_module: ", what, " failed: CUDA error ", code, " (",
-              ls.error ? ls.error(code) : "?", ")");
-}
-
 struct GroupNormNode : public torch::autograd::Function<GroupNormNode> {
   // weight and bias as optionals: Function::apply takes undefined tensors only that way
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
@@ -105,7 +62,7 @@ struct GroupNormNode : public torch::autograd::Function<GroupNormNode> {
     const uint64_t mean = address(stats);
     const uint64_t pointers[kPointers] = {address(x), 0, address(y), address(w), address(b), mean,
                                           mean + ls->rstd_offset, address(ws), 0, 0, 0};
-    send(*ls, ls->fwd, pointers, static_cast<uint64_t>(sync), reinterpret_cast<void*>(stream),
+    send(ls->error, ls->fwd, pointers, static_cast<uint64_t>(sync), reinterpret_cast<void*>(stream),
          "GroupNorm fwd launch");
     ctx->save_for_backward({x, weight, bias, stats});
     ctx->saved_data["launches"] = c10::IValue::make_capsule(ls);
@@ -155,7 +112,7 @@ struct GroupNormNode : public torch::autograd::Function<GroupNormNode> {
       TORCH_CHECK(g_sync_pointer, "gn_module: the C++ node has no sync-buffer callback");
       sync = (*g_sync_pointer)(x.get_device(), reinterpret_cast<int64_t>(stream), l.sync_words).cast<uint64_t>();
     }
-    send(*ls, l, pointers, sync, stream, "GroupNorm bwd launch");
+    send(ls->error, l, pointers, sync, stream, "GroupNorm bwd launch");
     if (!as_written) {  // the tile kernels' float32 sums, converted as ops._backward_lean does
       const int64_t c = x.size(1);
       if (want_w) dw = scratch.slice(0, l.dweight_at / 4, l.dweight_at / 4 + c).to(param.scalar_type());
@@ -193,6 +150,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return ls;
       }));
   m.def("group_norm", &group_norm);
+  gn_node::bind_op_kernels(m);
   m.def("set_sync_pointer", [](py::object fn) {
     if (g_sync_pointer == nullptr) g_sync_pointer = new py::object();
     *g_sync_pointer = std::move(fn);

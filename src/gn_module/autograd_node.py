@@ -28,6 +28,9 @@ import torch
 
 ENV = "GN_CPP_NODE"
 SOURCE = Path(__file__).resolve().with_name("autograd_node.cpp")
+#: The extension's sources: the node, the custom ops' C++ kernels (gn_module.op_kernels) and what they share.
+SOURCES = (SOURCE, SOURCE.with_name("op_kernels.cpp"))
+HEADERS = (SOURCE.with_name("launches.h"),)
 
 _module: ModuleType | None = None
 _failed = False
@@ -43,7 +46,7 @@ def build_dir() -> Path:
     """Where the extension is built: per torch version and source hash, under the kernels' build cache."""
     from gn_module import build
 
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))).hexdigest()[:16]
     return build.cache_root() / "autograd_node" / f"torch-{torch.__version__}-{digest}"
 
 
@@ -68,7 +71,10 @@ def load() -> ModuleType | None:
                     )
                 began = time.perf_counter()
                 module = load_extension(
-                    "gn_autograd_node", [str(SOURCE)], extra_cflags=["-O2"], build_directory=str(where)
+                    "gn_autograd_node",
+                    [str(path) for path in SOURCES],
+                    extra_cflags=["-O2"],
+                    build_directory=str(where),
                 )
                 if fresh:
                     print(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
-from gn_module import _abi, autograd_node, build, schedule
+from gn_module import _abi, autograd_node, build, op_kernels, schedule
 from gn_module.schedule import KernelResources, Plan, Tiling
 
 ENV_CAP = "GN_MAX_RESIDENT_BLOCKS"
@@ -46,6 +46,34 @@ _variants: list[str | None] = []
 _records: list[dict] = []
 _poison: list[bool] = []
 _traces: list[torch.Tensor] = []
+#: The C++ op kernels (gn_module.op_kernels) once registered: told when what `_launch` reads changes.
+_op_kernels: object | None = None
+
+
+def _settings_changed() -> None:
+    """The settings `_launch` reads, or the launches it cached, changed: the C++ op kernels (where
+    registered) drop the launches they keep, and leave calls to the Python bodies while launch records,
+    poisoning or phase traces are on."""
+    kernels = _op_kernels
+    if kernels is not None:
+        kernels.op_settings_changed(bool(_records or _poison or _traces))  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _pushed(stack: list, item: object) -> Iterator[None]:
+    """`item` on top of a settings stack inside the block (thread-safe; taken off by identity)."""
+    with _settings_lock:
+        stack.append(item)
+        _settings_changed()
+    try:
+        yield
+    finally:
+        with _settings_lock:
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is item:
+                    del stack[i]
+                    break
+            _settings_changed()
 
 
 # ---------------------------------------------------------------- user-facing switches
@@ -60,17 +88,8 @@ def max_resident_blocks(k: int, *, replace: bool = False) -> Iterator[None]:
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"max_resident_blocks: k must be an int >= 1, got {k!r}")
-    entry = [k, bool(replace)]
-    with _settings_lock:
-        _caps.append(entry)
-    try:
+    with _pushed(_caps, [k, bool(replace)]):
         yield
-    finally:
-        with _settings_lock:
-            for i in range(len(_caps) - 1, -1, -1):
-                if _caps[i] is entry:
-                    del _caps[i]
-                    break
 
 
 def _parse_cap(raw: str | bytes | None) -> int | None:
@@ -155,13 +174,8 @@ def _settings() -> tuple[int | None, str]:
 def build_variant(variant: str | None) -> Iterator[None]:
     """Run the ops with another build inside the block: None = native, "compute_80" = PTX-only."""
     build.arch_flags(variant, (0, 0))  # validates the name
-    with _settings_lock:
-        _variants.append(variant)
-    try:
+    with _pushed(_variants, variant):
         yield
-    finally:
-        with _settings_lock:
-            _variants.pop()
 
 
 def current_variant() -> str | None:
@@ -181,13 +195,8 @@ class _LaunchSwitch:
     def scoped(self, enabled: bool = True) -> Iterator[None]:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
-        with _settings_lock:
-            self._stack.append(enabled)
-        try:
+        with _pushed(self._stack, enabled):
             yield
-        finally:
-            with _settings_lock:
-                self._stack.pop()
 
     def enabled(self) -> bool:
         if self._stack:
@@ -322,13 +331,8 @@ def team_stagger(ns: int | str, phases: int = 2) -> Iterator[None]:
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < low:
             raise ValueError(f"{name} must be >= {low}, got {value}")
-    with _settings_lock:
-        _stagger_stack.append((ns, phases))
-    try:
+    with _pushed(_stagger_stack, (ns, phases)):
         yield
-    finally:
-        with _settings_lock:
-            _stagger_stack.pop()
 
 
 def team_stagger_setting() -> tuple[int | str, int]:
@@ -353,26 +357,16 @@ def launch_record() -> Iterator[dict]:
     grid, tiles_phase1, tiles_applied, schedule. For tests of plan/launcher agreement.
     """
     rec: dict = {}
-    with _settings_lock:
-        _records.append(rec)
-    try:
+    with _pushed(_records, rec):
         yield rec
-    finally:
-        with _settings_lock:
-            _records.remove(rec)
 
 
 @contextlib.contextmanager
 def poison_outputs() -> Iterator[None]:
     """Fill every output and the workspace with NaN before the kernels run (tests only), so an
     element the kernels fail to write shows up instead of a stale value from the allocator."""
-    with _settings_lock:
-        _poison.append(True)
-    try:
+    with _pushed(_poison, True):
         yield
-    finally:
-        with _settings_lock:
-            _poison.pop()
 
 
 @contextlib.contextmanager
@@ -380,13 +374,8 @@ def phase_trace(blocks: int, device: torch.device | int | None = None) -> Iterat
     """Profiling: task kernels launched inside the block record clock64() at their phase points
     (csrc/gn_tasks.cuh trace_point) into the yielded int64 tensor of shape (blocks, 16); -1 = not reached."""
     buf = torch.full((blocks, 16), -1, dtype=torch.int64, device=torch.device("cuda", _device_index(device)))
-    with _settings_lock:
-        _traces.append(buf)
-    try:
+    with _pushed(_traces, buf):
         yield buf
-    finally:
-        with _settings_lock:
-            _traces.remove(buf)
 
 
 def _poisoned(*tensors: torch.Tensor) -> None:
@@ -853,8 +842,27 @@ _SYNC_AT = _abi.GnArgs.sync.offset
 # groups, eps, act, passes, parameter dtype, device, 16-byte alignment, the cap, build variant and
 # GN_ARCH in force), so a cap set by max_resident_blocks or an env var changed between two calls
 # takes effect on the next call.
-_launches: dict[tuple, _Launch | object] = {}
+class _LaunchCache(dict):
+    """The launches by call signature; emptying it empties the C++ op kernels' copy too."""
+
+    def clear(self) -> None:
+        super().clear()
+        _settings_changed()
+
+
+_launches: dict[tuple, _Launch | object] = _LaunchCache()
 _MAX_LAUNCHES = 4096
+#: The environment variables `_launch` reads (through `_settings` and the launch switches): the C++ op
+#: kernels compare them on each call and drop their launches when one changed.
+LAUNCH_ENVIRONMENT = (
+    ENV_CAP,
+    ENV_ARCH,
+    ENV_DEPENDENT,
+    ENV_CLUSTER,
+    ENV_STAGGER,
+    ENV_STRIP_BLOCKS,
+    ENV_STRIP_ROOM,
+)
 
 
 def _launch(
@@ -1303,6 +1311,8 @@ def group_norm_fwd(
 
 @torch.library.register_fake("gn_module::group_norm_fwd")
 def _(x, weight, bias, num_groups, eps, act, passes, wide=False):
+    if x.device.type == "cuda":  # (torch.compile traces a call: the C++ kernels for what its graph calls)
+        op_kernels.enable()
     stats = x.new_empty((x.shape[0], num_groups), dtype=torch.float32)
     return torch.empty_like(x, dtype=torch.float32 if wide else None), stats, torch.empty_like(stats)
 
@@ -1597,11 +1607,16 @@ _functorch_active = torch._C._are_functorch_transforms_active
 _function_apply = super(torch.autograd.Function, _EagerGroupNorm).apply
 
 
+def _sync_buffer_of(index: int, stream: int, words: int) -> torch.Tensor:
+    """`_sync_buffer` by device index, for the C++ extension (called under the GIL)."""
+    device = torch.device("cuda", index) if index >= 0 else torch.device("cpu")  # (CPU: the stub tests)
+    return _sync_buffer(device, stream, words)
+
+
 def _node_sync_pointer(index: int, stream: int, words: int) -> int:
     """The sync buffer of `stream` for the C++ node's backward where it runs on another stream than its
     forward (autograd_node.cpp calls this under the GIL)."""
-    device = torch.device("cuda", index) if index >= 0 else torch.device("cpu")  # (CPU: the stub tests)
-    return _sync_buffer(device, stream, words).data_ptr()
+    return _sync_buffer_of(index, stream, words).data_ptr()
 
 
 def _entry_address(fn: object) -> int:
@@ -1610,6 +1625,56 @@ def _entry_address(fn: object) -> int:
     if not address:
         raise TypeError(f"no C address for {fn!r}")
     return address
+
+
+def _node_part(node: object, one: _Launch, direction: str) -> object:
+    """One launch as the C++ extension's `Launch` (entry point, GnArgs bytes around the sync pointer)."""
+    before, after = (one.tail_before_sync, one.tail_after_sync) if one.sync_words else (one.tail, b"")
+    dw_at, db_at = one.offsets if direction == "bwd" else (0, 0)
+    return node.Launch(  # type: ignore[attr-defined]
+        _entry_address(one.entry), before, after, one.sync_words, one.scratch_floats, dw_at, db_at
+    )
+
+
+def _op_launch(
+    direction: str,
+    x: torch.Tensor,
+    param: torch.Tensor | None,
+    aligned: bool,
+    num_groups: int,
+    eps: float,
+    act: int,
+    passes: int,
+    wide: bool,
+) -> tuple[object, int, int, bool] | None:
+    """A call signature's launch for the C++ op kernels (op_kernels.cpp calls this under the GIL, once
+    per signature): the extension's `Launch`, the library's error-string entry, the forward's workspace
+    floats and whether dweight and dbias come in the parameters' dtype. None where the Python body
+    takes these calls: no wide launch (it then runs on a float32 copy), or entry points that are not C
+    functions (a Python stub)."""
+    node = autograd_node.load()
+    try:
+        launch = _launch(
+            direction,
+            x,
+            x.get_device(),
+            aligned,
+            num_groups,
+            eps,
+            act,
+            passes,
+            param,
+            torch.float32 if wide else None,
+        )
+        part = _node_part(node, launch, direction)
+        return (
+            part,
+            _entry_address(launch.lib.gn_error_string),
+            launch.workspace_floats,
+            _typed_param_grads(launch.plan),
+        )
+    except (NoWideLaunch, TypeError, ctypes.ArgumentError):
+        return None
 
 
 def _node_launches(
@@ -1633,17 +1698,10 @@ def _node_launches(
         _launch("bwd", x, index, False, num_groups, eps, act, passes, param) if aligned and not wide else None
     )
 
-    def part(one: _Launch, direction: str) -> object:
-        before, after = (one.tail_before_sync, one.tail_after_sync) if one.sync_words else (one.tail, b"")
-        dw_at, db_at = one.offsets if direction == "bwd" else (0, 0)
-        return node.Launch(  # type: ignore[attr-defined]
-            _entry_address(one.entry), before, after, one.sync_words, one.scratch_floats, dw_at, db_at
-        )
-
     launches = node.Launches(  # type: ignore[attr-defined]
-        part(launch, "fwd"),
-        part(bwd, "bwd"),
-        None if unaligned is None else part(unaligned, "bwd"),
+        _node_part(node, launch, "fwd"),
+        _node_part(node, bwd, "bwd"),
+        None if unaligned is None else _node_part(node, unaligned, "bwd"),
         _entry_address(launch.lib.gn_error_string),
         launch.stats_floats,
         launch.workspace_floats,
