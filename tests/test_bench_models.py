@@ -731,6 +731,24 @@ def test_cli_fuse_calls_and_compile(tmp_path: Path) -> None:
     assert "| host issue ms baseline/swapped | launch calls baseline/swapped |" in md
 
 
+def test_compile_rows_compile_each_then_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compile rows alternate their configurations round by round, as eager rows do (the one going first
+    rotates), after each has compiled: a host-bound compiled step follows the host's drifting speed."""
+    order: list[str] = []
+    timed_round = bm._timed_round
+    monkeypatch.setattr(bm, "_timed_round", lambda t, *a: order.append(t.m.config) or timed_round(t, *a))
+    rc, data, _ = run_json(
+        tmp_path, "--models", "vae", "--precisions", "fp32", "--compile", "--no-eager", "--compile-backend",
+        "eager", "--steps", "3", "--rounds", "3", "--profile-gn", "0",
+    )  # fmt: skip
+    assert rc == 0
+    cl, nchw, ours = "channels_last", "contiguous", "swapped"
+    assert order == [cl, nchw, ours, nchw, ours, cl, ours, cl, nchw]
+    (row,) = data["rows"]
+    assert row["recompiled"] is False and row["errors"] == {}
+    assert all(len(m["times_ms"]) == 3 for m in row["measurements"].values())
+
+
 def test_unavailable_model_is_skipped_with_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reason = model_zoo._import_reason("gn_module_no_such_package")
     assert reason is not None and "ModuleNotFoundError" in reason and "gn_module_no_such_package" in reason

@@ -10,9 +10,10 @@ seed and fed the same batch:
 
 Each configuration runs W warm-up steps, then N timed steps in R rounds (``--rounds``). Eager rows keep
 the three models alive and alternate them round by round (the configuration that goes first rotates), so
-a drift of the GPU's clocks or of its neighbours hits all three alike; compile rows are timed one
-configuration after another (each compiles cold after ``torch.compiler.reset()``, which would also drop
-the others' compiled code). The step time is the median of the round medians; an eager row's speedup
+a drift of the GPU's clocks, of the host's speed or of its neighbours hits all three alike; compile rows
+compile their configurations one after another (each cold: Inductor's caches off, one
+``torch.compiler.reset()`` before the first), then alternate them in the same way (a recompile inside the
+timed rounds is reported in the row). The step time is the median of the round medians; an eager row's speedup
 criterion also gives the range and median of its per-round speedups (baseline / swapped of the same
 round, a paired sample), which show how far a noisy host moved the verdict. On CUDA every step is
 bracketed by CUDA events (a round's steps are queued back to back, as in training) and the peak memory is
@@ -143,6 +144,7 @@ class Row:
     measurements: dict[str, Measurement] = field(default_factory=dict)
     gn: GnShare | None = None  # torch's GroupNorm in the baseline's step (eager rows, --profile-gn)
     gn_error: str | None = None  # why profiling failed
+    recompiled: bool = False  # compile rows: dynamo compiled a graph inside the timed rounds
     # the swapped step profiled the same way: gn_module's own kernel time and the GPU's busy time
     gn_swapped: GnShare | None = None
     # compile rows (--profile-gn): each configuration's compiled step profiled, for its GPU busy time
@@ -269,6 +271,7 @@ class Row:
             "gn_source": self.gn.source if self.gn else None,
             "gn_profile": self.gn.as_dict() if self.gn else None,
             "gn_error": self.gn_error,
+            "recompiled": self.recompiled,
             "baseline_device_ms": self.baseline_busy.device_ms if self.baseline_busy else None,
             "swapped_device_ms": self.gn_swapped.device_ms if self.gn_swapped else None,
             "ours_gn_ms": self.gn_swapped.own_ms if self.gn_swapped else None,
@@ -527,6 +530,13 @@ def finish(t: Trainer, device: torch.device) -> Measurement:
     return m
 
 
+def _compiled_graphs() -> int:
+    """How many graphs dynamo has compiled in this process (its counters)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -542,7 +552,8 @@ def run_row(
     log: Callable[[str], None] = print,
 ) -> Row:
     """The three configurations of one (model, precision, mode), on the same seeded batch: eager rows
-    interleaved round by round, then the baseline profiled (--profile-gn); compile rows one by one."""
+    interleaved round by round, then the baseline profiled (--profile-gn); compile rows compiled one by
+    one, then interleaved too."""
     n = batch_size(spec, settings)
     gen = torch.Generator().manual_seed(settings.seed)
     batch_cpu = spec.make_batch(settings.tiny, n, gen)
@@ -554,10 +565,18 @@ def run_row(
         log(f"{spec.name:24} {precision} {mode:7} {m.config:13} {_measurement_text(m, compiled)}")
 
     if compiled:
-        for config in CONFIGS:  # torch.compiler.reset() before each: they cannot take turns
-            with _compile_context(True):
-                t = prepare(spec, config, precision, True, batch_cpu, device, settings)
-                time_rounds([t], settings, device)
+        # Each configuration compiles cold (Inductor's caches off, one torch.compiler.reset() before the
+        # first), then they take turns as the eager rows do: a compiled step that waits on the host
+        # moves with the host's speed, which drifts over the minutes of compiling (session 37).
+        with _compile_context(True):
+            trainers = [prepare(spec, c, precision, True, batch_cpu, device, settings) for c in CONFIGS]
+            graphs = _compiled_graphs()
+            time_rounds(trainers, settings, device)
+            row.recompiled = _compiled_graphs() != graphs  # (then the rounds timed a compile)
+            if row.recompiled:
+                log(f"{spec.name:24} {precision} {mode:7} WARNING: recompiled during the timed rounds")
+            for t in trainers:
+                config = t.m.config
                 if settings.profile_gn and t.step is not None:  # GPU busy: does the step wait on the host?
                     try:
                         row.busy[config] = profile_gn(t.step, settings.profile_gn, device)
@@ -565,8 +584,8 @@ def run_row(
                     except Exception as exc:
                         row.gn_error = f"{config} step: {_error_text(exc)}"
                 done(t)
-            del t
-            _free(device)
+            del trainers
+        _free(device)
         row.gn_swapped = row.busy.get(SWAPPED)
         if row.baseline_busy is not None and row.gn_swapped is not None:
             log(f"{spec.name:24} {precision} {mode:7} {'GPU busy':13} {_busy_text(row)}")
