@@ -539,9 +539,10 @@ def test_speedup_checks_name_the_per_round_range() -> None:
     row.measurements["swapped"].round_ms = [25.0, 29.0]  # rounds that do not pair (an error): none
     assert row.round_speedups == []
     assert next(c for c in bm.check_criteria([row]) if c.target == "speedup").note == ""
-    compiled = fake_row(30.0, 36.0, 25.0, compiled=True)  # compile rows run one after another: not paired
-    compiled.measurements["channels_last"].round_ms = compiled.measurements["swapped"].round_ms = [1.0, 2.0]
-    assert compiled.round_speedups == []
+    compiled = fake_row(30.0, 36.0, 25.0, compiled=True)  # compile rows take turns too (session 37)
+    compiled.measurements["channels_last"].round_ms = [2.0, 3.0]
+    compiled.measurements["swapped"].round_ms = [1.0, 2.0]
+    assert compiled.round_speedups == pytest.approx([2.0, 1.5])
 
 
 def test_gn_free_bound_lowers_a_speedup_target_to_its_limit_fraction() -> None:
@@ -747,6 +748,7 @@ def test_compile_rows_compile_each_then_take_turns(tmp_path: Path, monkeypatch: 
     (row,) = data["rows"]
     assert row["recompiled"] is False and row["errors"] == {}
     assert all(len(m["times_ms"]) == 3 for m in row["measurements"].values())
+    assert len(row["round_speedups"]) == 3  # (paired: baseline / swapped of each round)
 
 
 def test_unavailable_model_is_skipped_with_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -183,11 +183,11 @@ class Row:
 
     @property
     def round_speedups(self) -> list[float]:
-        """baseline / swapped of each round (eager rows: the configurations take turns round by round,
-        so a round's two medians were measured moments apart). Their spread shows how far the host's
-        or the GPU's noise moved the row; empty for compile rows and rows that did not finish."""
+        """baseline / swapped of each round (the configurations take turns round by round, compile rows
+        too since session 37, so a round's two medians were measured moments apart). Their spread shows
+        how far the host's or the GPU's noise moved the row; empty for rows that did not finish."""
         base, ours = self.baseline, self.swapped
-        if self.compiled or base is None or ours is None or len(base.round_ms) != len(ours.round_ms):
+        if base is None or ours is None or len(base.round_ms) != len(ours.round_ms):
             return []
         return [b / s for b, s in zip(base.round_ms, ours.round_ms, strict=True) if s]
 
