@@ -84,10 +84,7 @@ struct GroupNormNode : public torch::autograd::Function<GroupNormNode> {
     const bool want_b = saved[2].defined() && ctx->needs_input_grad(saved[1].defined() ? 2 : 1);
     at::Tensor dy = grads[0];
     if (ls->wide && dy.scalar_type() != *ls->wide) dy = dy.to(*ls->wide);
-    // dy in x's layout (ops._dy_as_x); a wide launch takes 16-byte vectors only, so its dy is copied too
-    if (dy.strides() != x.strides() || (ls->wide && address(dy) % kVecBytes)) {
-      dy = at::empty_like(x, x.options().dtype(dy.scalar_type())).copy_(dy);
-    }
+    dy = dy_as_x(dy, x, ls->wide.has_value());
     // bwd_aligned is the launch for x's alignment; an aligned x with a dy that is not takes bwd_unaligned
     const bool dy_only_unaligned = address(x) % kVecBytes == 0 && address(dy) % kVecBytes != 0;
     TORCH_CHECK(!dy_only_unaligned || ls->has_unaligned, "gn_module: no backward launch for this dy's alignment");
@@ -96,15 +93,11 @@ struct GroupNormNode : public torch::autograd::Function<GroupNormNode> {
     const auto floats = x.options().dtype(at::kFloat);
     at::Tensor scratch = at::empty({l.scratch_floats}, floats);
     const uint64_t ws = address(scratch);
-    const bool as_written = !param.defined() || param.scalar_type() == at::kFloat || ls->typed;
-    const auto grad_type = ls->typed && param.defined() ? param.scalar_type() : at::kFloat;
-    at::Tensor dw, db;
-    if (as_written && want_w) dw = at::empty({x.size(1)}, x.options().dtype(grad_type));
-    if (as_written && want_b) db = at::empty({x.size(1)}, x.options().dtype(grad_type));
+    ParamGrads grads_wb(x, param, ls->typed, want_w, want_b);
     const uint64_t mean = address(saved[3]);
     const uint64_t pointers[kPointers] = {
         address(x), address(dy), address(dx), address(w), address(b), mean, mean + ls->rstd_offset, ws,
-        dw.defined() ? address(dw) : ws + l.dweight_at, db.defined() ? address(db) : ws + l.dbias_at, 0};
+        grads_wb.dweight_at(l, ws), grads_wb.dbias_at(l, ws), 0};
     void* stream = current_stream(x);
     uint64_t sync = static_cast<uint64_t>(ctx->saved_data["sync"].toInt());
     if (l.sync_words && reinterpret_cast<int64_t>(stream) != ctx->saved_data["stream"].toInt()) {
@@ -113,12 +106,9 @@ struct GroupNormNode : public torch::autograd::Function<GroupNormNode> {
       sync = (*g_sync_pointer)(x.get_device(), reinterpret_cast<int64_t>(stream), l.sync_words).cast<uint64_t>();
     }
     send(ls->error, l, pointers, sync, stream, "GroupNorm bwd launch");
-    if (!as_written) {  // the tile kernels' float32 sums, converted as ops._backward_lean does
-      const int64_t c = x.size(1);
-      if (want_w) dw = scratch.slice(0, l.dweight_at / 4, l.dweight_at / 4 + c).to(param.scalar_type());
-      if (want_b) db = scratch.slice(0, l.dbias_at / 4, l.dbias_at / 4 + c).to(param.scalar_type());
-    }
-    return {ctx->needs_input_grad(0) ? dx : at::Tensor(), dw, db, at::Tensor(), at::Tensor(), at::Tensor()};
+    grads_wb.convert(l, scratch, param, want_w, want_b);
+    return {ctx->needs_input_grad(0) ? dx : at::Tensor(), grads_wb.dweight, grads_wb.dbias,
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

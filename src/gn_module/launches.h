@@ -59,6 +59,41 @@ inline void send(ErrorString error, const Launch& l, const uint64_t (&pointers)[
   TORCH_CHECK(code == 0, "gn_module: ", what, " failed: CUDA error ", code, " (", error ? error(code) : "?", ")");
 }
 
+// dy in x's layout (ops._dy_as_x): gradients arrive in any layout and the kernels read x's; a wide launch
+// takes 16-byte vectors only, so its float32 dy is copied where it is not aligned too.
+inline at::Tensor dy_as_x(const at::Tensor& dy, const at::Tensor& x, bool wide) {
+  if (dy.strides() != x.strides() || (wide && address(dy) % kVecBytes)) {
+    return at::empty_like(x, x.options().dtype(dy.scalar_type())).copy_(dy);
+  }
+  return dy;
+}
+
+// A backward launch's dweight and dbias, those wanted (ops._backward_lean): tensors of their own where the
+// kernels write them as returned (float32 parameters, none, or `typed`: the task backward stores the
+// parameters' dtype), else float32 sums in the launch's scratch, converted after it.
+struct ParamGrads {
+  bool as_written;
+  at::Tensor dweight, dbias;
+  ParamGrads(const at::Tensor& x, const at::Tensor& param, bool typed, bool want_w, bool want_b)
+      : as_written(!param.defined() || param.scalar_type() == at::kFloat || typed) {
+    const auto grad_type = typed && param.defined() ? param.scalar_type() : at::kFloat;
+    if (as_written && want_w) dweight = at::empty({x.size(1)}, x.options().dtype(grad_type));
+    if (as_written && want_b) dbias = at::empty({x.size(1)}, x.options().dtype(grad_type));
+  }
+  // GnArgs' dweight and dbias pointers for a launch whose scratch is at `ws`
+  uint64_t dweight_at(const Launch& l, uint64_t ws) const {
+    return dweight.defined() ? address(dweight) : ws + l.dweight_at;
+  }
+  uint64_t dbias_at(const Launch& l, uint64_t ws) const { return dbias.defined() ? address(dbias) : ws + l.dbias_at; }
+  // after the launch: the scratch's float32 sums in the parameters' dtype, where those were wanted
+  void convert(const Launch& l, const at::Tensor& scratch, const at::Tensor& param, bool want_w, bool want_b) {
+    if (as_written) return;
+    const int64_t c = param.size(0);  // (defined here: without parameters the sums are as written)
+    if (want_w) dweight = scratch.slice(0, l.dweight_at / 4, l.dweight_at / 4 + c).to(param.scalar_type());
+    if (want_b) dbias = scratch.slice(0, l.dbias_at / 4, l.dbias_at / 4 + c).to(param.scalar_type());
+  }
+};
+
 // op_kernels.cpp's bindings, added to the extension's module by autograd_node.cpp.
 void bind_op_kernels(pybind11::module_& m);
 

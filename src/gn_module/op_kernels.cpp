@@ -231,11 +231,8 @@ Tensors backward_kernel(const at::Tensor& dy_given, const at::Tensor& x, const M
   }
   const at::Tensor w = dense(weight), b = dense(bias);
   const at::Tensor& param = w.defined() ? w : b;
-  at::Tensor dy = wide && dy_given.scalar_type() != at::kFloat ? dy_given.to(at::kFloat) : dy_given;
-  // dy in x's layout (ops._dy_as_x); a wide launch takes 16-byte vectors only, so its dy is copied too
-  if (dy.strides() != x.strides() || (wide && address(dy) % kVecBytes)) {
-    dy = at::empty_like(x, x.options().dtype(dy.scalar_type())).copy_(dy);
-  }
+  const at::Tensor dy =
+      dy_as_x(wide && dy_given.scalar_type() != at::kFloat ? dy_given.to(at::kFloat) : dy_given, x, wide);
   const bool aligned = address(x) % kVecBytes == 0 && address(dy) % kVecBytes == 0;
   const auto found = find(key_of(true, x, param, aligned, groups, eps, act, passes, wide), eps, x, param);
   if (!found) return python_backward(dy_given, x, weight, bias, mean_given, rstd_given, groups, eps, act, passes, wide);
@@ -244,24 +241,14 @@ Tensors backward_kernel(const at::Tensor& dy_given, const at::Tensor& x, const M
   at::Tensor dx = at::empty_like(x);
   at::Tensor scratch = at::empty({l.scratch_floats}, x.options().dtype(at::kFloat));
   const uint64_t ws = address(scratch);
-  const bool as_written = !param.defined() || param.scalar_type() == at::kFloat || found->typed;
-  const auto grad_type = found->typed && param.defined() ? param.scalar_type() : at::kFloat;
-  const int64_t c = x.size(1);
-  at::Tensor dw, db;
-  if (as_written) {
-    dw = at::empty({c}, x.options().dtype(grad_type));
-    db = at::empty({c}, x.options().dtype(grad_type));
-  }
+  ParamGrads grads(x, param, found->typed, true, true);  // (the op's schema returns both)
   const uint64_t pointers[kPointers] = {
       address(x), address(dy), address(dx), address(w), address(b), address(mean), address(rstd), ws,
-      as_written ? address(dw) : ws + l.dweight_at, as_written ? address(db) : ws + l.dbias_at, 0};
+      grads.dweight_at(l, ws), grads.dbias_at(l, ws), 0};
   void* stream = current_stream(x);
   send(found->error, l, pointers, sync_pointer(x, stream, l.sync_words), stream, "GroupNorm bwd launch");
-  if (!as_written) {  // the tile kernels' float32 sums, converted as ops._backward_lean does
-    dw = scratch.slice(0, l.dweight_at / 4, l.dweight_at / 4 + c).to(param.scalar_type());
-    db = scratch.slice(0, l.dbias_at / 4, l.dbias_at / 4 + c).to(param.scalar_type());
-  }
-  return {dx, dw, db};
+  grads.convert(l, scratch, param, true, true);
+  return {dx, grads.dweight, grads.dbias};
 }
 
 bool wants_grad(const MaybeTensor& t) { return t.has_value() && t->defined() && t->requires_grad(); }
