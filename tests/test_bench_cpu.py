@@ -305,13 +305,23 @@ def test_targets_large_fwd_061_misses_063_passes() -> None:
 
 def test_sample_on_chip_rule() -> None:
     def on_chip(case: Case, dtype: str = "fp16") -> bool:
-        return bench_targets.sample_on_chip(Result(case, dtype, "fwd", "ours-auto", t(1.0)))
+        return bench_targets.sample_on_chip(case, case.nbytes(dtype))
 
     assert on_chip(ON_CHIP) and on_chip(ON_CHIP, "bf16")
     assert not on_chip(ON_CHIP, "fp32")  # 32 MiB samples
     assert not on_chip(BIG_SAMPLES) and not on_chip(LARGE) and not on_chip(LARGE_SILU)
     assert not on_chip(Case((1, 128, 16, 256, 256), 32, "silu"))
     assert not on_chip(MID20)  # one sample: the whole tensor (a mid tensor's rule is its own size)
+
+
+def test_sol_target_by_size() -> None:
+    assert bench_targets.sol_target(ON_CHIP, ON_CHIP.nbytes("fp16"), "bwd") == (
+        "large SOL (sample <=24MiB)",
+        0.75,
+    )
+    assert bench_targets.sol_target(MID20, MID20.nbytes("fp16"), "fwd") == ("mid SOL (<=24MiB)", 0.75)
+    assert bench_targets.sol_target(LARGE, LARGE.nbytes("fp16"), "fwd") == ("large SOL", 0.62)
+    assert bench_targets.sol_target(GAP100, GAP100.nbytes("fp16"), "fwd") is None
 
 
 def test_no_sol_target_between_64_and_128_mib() -> None:

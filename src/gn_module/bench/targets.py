@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gn_module.bench.cases import COMPILE_IMPLS, MIB, OURS, size_class
+from gn_module.bench.cases import COMPILE_IMPLS, MIB, OURS, Case, size_class
 from gn_module.bench.results import Result, group_results
 
 #: The dtypes the targets judge (issue 12: "fp16 and bf16 (fp32 rows are reported, not judged)").
@@ -116,18 +116,20 @@ def _speedup(peer: Result | None, ours: Result | None) -> float | None:
     return peer.median_us / ours.median_us
 
 
-def sample_on_chip(result: Result) -> bool:
+def sample_on_chip(case: Case, tensor_bytes: int) -> bool:
     """More than one sample, and one sample's bytes fit on chip (at most ON_CHIP_BYTES)."""
-    n = result.case.shape[0]
-    return n > 1 and result.tensor_bytes // n <= ON_CHIP_BYTES
+    n = case.shape[0]
+    return n > 1 and tensor_bytes // n <= ON_CHIP_BYTES
 
 
-def _sol_target(result: Result, cls: str | None, direction: str) -> tuple[str, float] | None:
+def sol_target(case: Case, tensor_bytes: int, direction: str) -> tuple[str, float] | None:
+    """The SOL target (label, minimum fraction) of a shape whose one tensor has `tensor_bytes`, if any."""
+    cls = size_class(tensor_bytes)
     if (cls, direction) not in SOL_TARGETS:
         return None
-    if cls == "large" and sample_on_chip(result):
+    if cls == "large" and sample_on_chip(case, tensor_bytes):
         return f"large SOL (sample <={ON_CHIP_BYTES // MIB}MiB)", SOL_TARGETS_ON_CHIP[(cls, direction)]
-    if cls == "mid" and result.tensor_bytes <= ON_CHIP_BYTES:
+    if cls == "mid" and tensor_bytes <= ON_CHIP_BYTES:
         return f"mid SOL (<={ON_CHIP_BYTES // MIB}MiB)", SOL_TARGETS_ON_CHIP[(cls, direction)]
     return f"{cls} SOL", SOL_TARGETS[(cls, direction)]
 
@@ -146,7 +148,7 @@ def check_targets(results: list[Result], copy_tbps: float | None) -> list[Target
         def add(target: str, value: float | None, threshold: float, higher: bool = True) -> None:
             checks.append(TargetCheck(case, dtype, direction, target, value, threshold, higher, judged))  # noqa: B023
 
-        sol = _sol_target(ours, cls, direction)
+        sol = sol_target(ours.case, tensor_bytes, direction)
         if sol is not None:
             add(sol[0], ours.sol(copy_tbps), sol[1])
         if cls == "small":
