@@ -297,21 +297,119 @@ def test_untraceable_block_reported_and_left_working():
     torch.testing.assert_close(wrapped(x), ref(x))
 
 
-def test_call_unlike_the_trace_runs_the_original_forward_unfused():
+def acts_seen(block: nn.Module) -> list[str | None]:
+    """Record each GroupNorm's act as it is called (None: the call ran unfused)."""
+    seen: list[str | None] = []
+    for norm in (block.norm1, block.norm2):
+        norm.register_forward_pre_hook(lambda m, args: seen.append(m.act))
+    return seen
+
+
+def test_a_vae_block_called_with_temb_none_runs_fused():
     block = randomize(ResnetBlock2D(8, 8, temb=None))  # VAE-style: temb is None
     ref = copy.deepcopy(block)
     block, report = convert_groupnorm(block, fuse_calls=True)
     assert report.fused == ["norm1", "norm2"]
+    assert set(vars(block)["forward"].none_variants) == {frozenset({"temb"})}
+    seen = acts_seen(block)  # (hooks added after conversion: they only watch)
     x = torch.randn(2, 8, 4, 4)
-    # temb was a proxy when traced (so `temb is not None` held): a None runs the original forward.
-    torch.testing.assert_close(block(x, None), ref(x, None))
-    assert block.norm1.act == "silu" and block.norm2.act == "silu"  # fused again after the call
+    # traced again with temb=None, where `temb is not None` is False: the fused graph of that call
+    torch.testing.assert_close(block(x, None), ref(x, None), rtol=0, atol=0)
+    assert seen == ["silu", "silu"]
     temb = torch.randn(2, 8, 1, 1)
-    torch.testing.assert_close(block(x, temb), ref(x, temb))  # the traced path
-    with pytest.warns(FutureWarning):  # extra kwargs were traced empty
+    torch.testing.assert_close(block(x, temb), ref(x, temb), rtol=0, atol=0)  # the proxy trace's graph
+    assert seen[2:] == ["silu", "silu"]
+    with pytest.warns(FutureWarning):  # extra kwargs were traced empty: the original forward, unfused
         torch.testing.assert_close(block(x, temb, scale=1.0), ref(x, temb))
+    assert seen[4:] == [None, None] and block.norm1.act == "silu"  # fused again after the call
     with pytest.raises(TypeError):  # the original forward's own error
         block()
+
+
+def test_a_vae_block_with_temb_none_runs_fused_under_dynamo():
+    block = randomize(ResnetBlock2D(8, 8, temb=None))
+    ref = copy.deepcopy(block)
+    block, _ = convert_groupnorm(block, fuse_calls=True)
+    seen = acts_seen(block)
+    x = torch.randn(2, 8, 4, 4)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, None), ref(x, None), rtol=0, atol=0)
+    assert seen and set(seen) == {"silu"}
+
+
+class NoneUsed(nn.Module):
+    """``b`` is read as a tensor whatever it is: traced as None, it raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2, self.act = nn.GroupNorm(2, 4), nn.GroupNorm(2, 4), nn.SiLU()
+
+    def forward(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return self.act(self.norm1(x)) + b.mean() + self.norm2(x)
+
+
+class NoneChangesTheFusion(nn.Module):
+    """With ``t`` None, norm1's output goes to the conv without its activation: a None trace would fuse
+    other pairs than the proxy trace, so it is not kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2, self.act = nn.GroupNorm(2, 4), nn.GroupNorm(2, 4), nn.SiLU()
+        self.conv = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor:
+        h = self.norm1(x)
+        if t is None:
+            return self.conv(h) + self.norm2(x)
+        return self.conv(self.act(h)) + t + self.act(self.norm2(x))
+
+
+def test_none_traces_that_fail_or_fuse_differently_are_not_kept():
+    x, t = torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3, 3)
+    for cls in (NoneUsed, NoneChangesTheFusion):
+        block = randomize(cls())
+        ref = copy.deepcopy(block)
+        block, report = convert_groupnorm(block, fuse_calls=True)
+        assert report.fused == (["norm1"] if cls is NoneUsed else ["norm1", "norm2"])
+        assert vars(block)["forward"].none_variants == {}
+        torch.testing.assert_close(block(x, t), ref(x, t), rtol=0, atol=0)
+        if cls is NoneUsed:
+            with pytest.raises(AttributeError):  # the original forward's own error
+                block(x, None)
+        else:  # the original forward, unfused: norm1 without its activation
+            torch.testing.assert_close(block(x, None), ref(x, None), rtol=0, atol=0)
+        assert block.norm1.act == "silu"
+
+
+class TwoOptional(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2, self.act = nn.GroupNorm(2, 4), nn.GroupNorm(2, 4), nn.SiLU()
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor:
+        h = self.act(self.norm1(x))
+        if a is not None:
+            h = h + a
+        h = self.act(self.norm2(h))
+        return h if b is None else h * b
+
+
+def test_each_optional_parameter_none_alone_and_all_together():
+    block = randomize(TwoOptional())
+    ref = copy.deepcopy(block)
+    block, report = convert_groupnorm(block, fuse_calls=True)
+    assert report.fused == ["norm1", "norm2"]
+    variants = vars(block)["forward"].none_variants
+    assert set(variants) == {frozenset({"a"}), frozenset({"b"}), frozenset({"a", "b"})}
+    seen = acts_seen(block)
+    x, a, b = (torch.randn(2, 4, 3, 3) for _ in range(3))
+    for args in ((x, a, b), (x, None, b), (x, a, None), (x, None, None)):
+        torch.testing.assert_close(block(*args), ref(*args), rtol=0, atol=0)
+    assert set(seen) == {"silu"} and len(seen) == 8
+    copied = copy.deepcopy(block)  # the variants travel with deepcopy and pickle
+    assert set(vars(copied)["forward"].none_variants) == set(variants)
+    torch.testing.assert_close(copied(x, None, None), ref(x, None, None), rtol=0, atol=0)
 
 
 def test_parameter_with_default_is_traced_at_its_default():
@@ -732,7 +830,8 @@ def test_call_unlike_the_trace_restores_each_norms_own_act():
     block, report = convert_groupnorm(block, fuse_calls=True, fuse_acts=True)
     assert report.fused == ["norm1", "norm2"]
     x = torch.randn(2, 8, 4, 4)
-    torch.testing.assert_close(block(x, None), ref(x, None))  # the original forward, unfused
+    with pytest.warns(FutureWarning):  # an extra keyword: the original forward, unfused
+        torch.testing.assert_close(block(x, None, scale=1.0), ref(x, None))
     assert block.norm1.act == "relu" and block.norm2.act == "relu"  # fused again after the call
 
 

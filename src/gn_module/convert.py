@@ -262,11 +262,13 @@ def convert_groupnorm(
     specializes: Python control flow on attributes is frozen at conversion, except ``self.training``
     (``forward`` is traced in both modes; where the graphs differ the module runs its mode's graph, and
     where they would fuse different GroupNorms it is not rewritten), Python side effects of ``forward`` are
-    not replayed, and parameters with defaults keep their defaults. Calls that do not fit what was
-    traced (a None or non-tensor where a tensor was traced, a non-default value for a parameter
-    with a default, extra ``*args``/``**kwargs``) run the original ``forward`` unfused. Modules whose
-    forward cannot be traced (data-dependent control flow...) are left alone and listed in
-    ``skipped``; `revert_groupnorm` restores the original ``forward``.
+    not replayed, and parameters with defaults keep their defaults. ``forward`` is also traced with
+    each tensor parameter after the first passed as None (alone, then all of them), so a VAE block's
+    ``temb=None`` call runs fused where that trace fuses the same pairs. Calls that do not fit what was
+    traced (another None pattern, a non-tensor where a tensor was traced, a non-default value for a
+    parameter with a default, extra ``*args``/``**kwargs``) run the original ``forward`` unfused.
+    Modules whose forward cannot be traced (data-dependent control flow...) are left alone and listed
+    in ``skipped``; `revert_groupnorm` restores the original ``forward``.
 
     ``autocast_output`` goes to every swapped layer: "float32" returns what torch's GroupNorm returns
     under CUDA autocast (float32), "input" the input's dtype (faster; see `gn_module.group_norm`).

@@ -78,12 +78,16 @@ def _forward_parameters(module: nn.Module) -> list[inspect.Parameter]:
 
 class _CallsTracer(torch.fx.Tracer):
     """Traces only the root's own forward (every submodule is a leaf ``call_module``), with the
-    parameters that have no default as proxies, defaults left to the forward and ``*args``/``**kwargs``
-    empty (diffusers' blocks take ``*args, **kwargs`` only to warn about deprecated ones)."""
+    parameters that have no default as proxies (those named in ``none`` passed as None instead),
+    defaults left to the forward and ``*args``/``**kwargs`` empty (diffusers' blocks take ``*args,
+    **kwargs`` only to warn about deprecated ones)."""
 
-    def __init__(self, traced: list[inspect.Parameter] | None = None) -> None:
+    def __init__(
+        self, traced: list[inspect.Parameter] | None = None, none: frozenset[str] = frozenset()
+    ) -> None:
         super().__init__()
         self.traced = traced  # None: an ordinary trace (fx re-traces generated code when unpickling)
+        self.none = none
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return True
@@ -93,20 +97,25 @@ class _CallsTracer(torch.fx.Tracer):
             return super().create_args_for_root(root_fn, is_module, concrete_args)
         # A function with exactly the traced parameters, calling the real forward (built from
         # identifiers taken from the signature: nothing else goes into the source).
-        names = [p.name for p in self.traced]
-        call = ", ".join(p.name if p.kind != p.KEYWORD_ONLY else f"{p.name}={p.name}" for p in self.traced)
+        names = [p.name for p in self.traced if p.name not in self.none]
+        values = {p.name: "None" if p.name in self.none else p.name for p in self.traced}
+        call = ", ".join(
+            values[p.name] if p.kind != p.KEYWORD_ONLY else f"{p.name}={values[p.name]}" for p in self.traced
+        )
         source = f"def forward(self, {', '.join(names)}):\n    return __gn_forward(self, {call})\n"
         namespace: dict[str, object] = {"__gn_forward": root_fn}
         exec(compile(source, f"<gn_module fuse_calls {type(self.root).__qualname__}>", "exec"), namespace)
         return super().create_args_for_root(namespace["forward"], is_module, concrete_args)
 
 
-def _trace(module: nn.Module, traced: list[inspect.Parameter]) -> torch.fx.Graph:
-    """Trace ``module.forward``; attributes the tracer adds to ``module`` (tensor constants) are
-    removed again, and a graph that needs them is refused."""
+def _trace(
+    module: nn.Module, traced: list[inspect.Parameter], none: frozenset[str] = frozenset()
+) -> torch.fx.Graph:
+    """Trace ``module.forward`` (the parameters in ``none`` passed as None); attributes the tracer adds
+    to ``module`` (tensor constants) are removed again, and a graph that needs them is refused."""
     before = set(vars(module))
     try:
-        graph = _CallsTracer(traced).trace(module)
+        graph = _CallsTracer(traced, none).trace(module)
     finally:
         added = set(vars(module)) - before
         for key in added:
@@ -117,7 +126,9 @@ def _trace(module: nn.Module, traced: list[inspect.Parameter]) -> torch.fx.Graph
     return graph
 
 
-def _trace_both_modes(module: nn.Module, traced: list[inspect.Parameter]) -> dict[bool, torch.fx.Graph]:
+def _trace_both_modes(
+    module: nn.Module, traced: list[inspect.Parameter], none: frozenset[str] = frozenset()
+) -> dict[bool, torch.fx.Graph]:
     """The graphs of ``module.forward`` traced in train mode (key True) and in eval mode (False): one
     graph under both keys where they trace alike, else one each (a forward branching on
     ``self.training``, as diffusers' ResnetBlock2D does around its shortcut's ``.contiguous()``; fx
@@ -127,7 +138,7 @@ def _trace_both_modes(module: nn.Module, traced: list[inspect.Parameter]) -> dic
     try:
         for mode in (module.training, not module.training):
             module.train(mode)
-            graphs[mode] = _trace(module, traced)
+            graphs[mode] = _trace(module, traced, none)
     finally:
         for m, training in modes.values():
             m.training = training
@@ -228,20 +239,14 @@ def fuse_traced_calls(
     report.skipped.update(eval_skipped)
     if not pairs:
         return
-    graph_modules: dict[int, torch.fx.GraphModule] = {}  # by id(graph): one where both modes share it
-    for mode, graph in graphs.items():
-        if id(graph) in graph_modules:
-            continue
-        for _, user, _, _, head in found[mode][0]:  # (an nn.Identity in between stays)
-            user.replace_all_uses_with(head)
-            graph.erase_node(user)
-        graph.lint()
-        graph_modules[id(graph)] = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
-    train, evaluate = (graph_modules[id(graphs[mode])] for mode in (True, False))
+    train, evaluate = _edited(module, graphs, found)
+    variants = _none_variants(
+        module, traced, [(n.target, act) for n, _, _, act, _ in pairs], name, counts, acts
+    )
     fused = tuple(str(node.target) for node, *_ in pairs)
     fused_acts = tuple(act for _, _, _, act, _ in pairs)
     # (an instance attribute)
-    module.forward = FusedForward(module, train, fused, fused_acts, evaluate)
+    module.forward = FusedForward(module, train, fused, fused_acts, evaluate, variants)
     for node, _, norm, act, _ in pairs:
         norm.act = act
         report.fused.append(f"{name}.{node.target}" if name else str(node.target))
@@ -297,6 +302,58 @@ def _fusable_pairs(
     return pairs, skipped
 
 
+#: The most calls with None arguments `_none_variants` traces besides the all-tensor one.
+MAX_NONE_VARIANTS = 4
+
+
+def _edited(
+    module: nn.Module,
+    graphs: dict[bool, torch.fx.Graph],
+    found: dict[bool, tuple[list[_Pair], dict[str, str]]],
+) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """The train and eval graphs with each found activation call dropped (its uses read the GroupNorm's
+    output, or the nn.Identity after it, instead), as GraphModules: one object where both modes share it."""
+    graph_modules: dict[int, torch.fx.GraphModule] = {}  # by id(graph): one where both modes share it
+    for mode, graph in graphs.items():
+        if id(graph) in graph_modules:
+            continue
+        for _, user, _, _, head in found[mode][0]:  # (an nn.Identity in between stays)
+            user.replace_all_uses_with(head)
+            graph.erase_node(user)
+        graph.lint()
+        graph_modules[id(graph)] = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
+    train, evaluate = (graph_modules[id(graphs[mode])] for mode in (True, False))
+    return train, evaluate
+
+
+def _none_variants(
+    module: nn.Module,
+    traced: list[inspect.Parameter],
+    fused: list[tuple[str, str]],
+    name: str,
+    counts: Counter[int],
+    acts: frozenset[str],
+) -> dict[frozenset[str], tuple[torch.fx.GraphModule, torch.fx.GraphModule]]:
+    """Graphs for calls that pass None for traced parameters after the first: each alone, then all of
+    them (a VAE's ResnetBlock2D is called with ``temb=None``, which the proxy trace cannot cover: there
+    ``temb is not None`` held). A variant is kept only where it traces in both modes and fuses exactly
+    the pairs ``fused`` (GroupNorm target, act) of the all-tensor trace: a GroupNorm's act is one setting
+    for every call. Calls with other None patterns run the class's forward, unfused."""
+    rest = [p.name for p in traced[1:]]
+    candidates = [frozenset({n}) for n in rest] + ([frozenset(rest)] if len(rest) > 1 else [])
+    variants = {}
+    for none in candidates[:MAX_NONE_VARIANTS]:
+        try:
+            graphs = _trace_both_modes(module, traced, none)
+        except Exception:  # None reached code that needs a tensor: such calls run the class's forward
+            continue
+        found = {mode: _fusable_pairs(module, graph, name, counts, acts) for mode, graph in graphs.items()}
+        if any([(n.target, act) for n, _, _, act, _ in found[mode][0]] != fused for mode in found):
+            continue
+        variants[none] = _edited(module, graphs, found)
+    return variants
+
+
 def restore_forward(module: nn.Module, name: str, report: ConversionReport) -> None:
     """Undo `_fuse_traced_calls` on ``module``: unfuse its GroupNorms and drop the instance forward."""
     forward = vars(module).get("forward")
@@ -325,8 +382,10 @@ class FusedForward:
     Runs the graph (``.code`` shows it) with the module as ``self``, so it always uses the module's
     current submodules and parameters: ``graph_module`` (traced in train mode), or ``eval_graph_module``
     while the module is in eval mode where its forward traced differently there (it reads
-    ``self.training``; None: the same graph). A call the trace does not cover runs the class's forward
-    with the fused GroupNorms set back to ``act=None`` for that call.
+    ``self.training``; None: the same graph). A call passing None for traced parameters runs the graphs
+    traced with those None (``none_variants``, by the set of parameter names), where there are any. A call
+    the traces do not cover runs the class's forward with the fused GroupNorms set back to ``act=None`` for
+    that call.
     """
 
     def __init__(
@@ -336,18 +395,27 @@ class FusedForward:
         fused: tuple[str, ...],
         acts: tuple[str, ...] | None = None,
         eval_graph_module: torch.fx.GraphModule | None = None,
+        none_variants: dict[frozenset[str], tuple[torch.fx.GraphModule, torch.fx.GraphModule | None]]
+        | None = None,
     ) -> None:
         self.module, self.graph_module, self.fused = module, graph_module, fused
         self.eval_graph_module = None if eval_graph_module is graph_module else eval_graph_module
+        self.none_variants = {
+            none: (train, None if evaluate is train else evaluate)
+            for none, (train, evaluate) in (none_variants or {}).items()
+        }
         self.acts = ("silu",) * len(fused) if acts is None else acts
         if len(self.acts) != len(fused):
             raise ValueError(f"FusedForward: {len(fused)} fused GroupNorms but {len(self.acts)} acts")
 
-    def _graph(self) -> torch.fx.GraphModule:
-        """The graph of the module's mode now."""
-        if self.eval_graph_module is None or self.module.training:
-            return self.graph_module
-        return self.eval_graph_module
+    def _graph(self, none: frozenset[str] = frozenset()) -> torch.fx.GraphModule:
+        """The graph of the module's mode now, for a call passing None for the parameters ``none``."""
+        train, evaluate = (
+            (self.graph_module, self.eval_graph_module) if not none else self.none_variants[none]
+        )
+        if evaluate is None or self.module.training:
+            return train
+        return evaluate
 
     @property
     def code(self) -> str:
@@ -355,7 +423,7 @@ class FusedForward:
 
     def __getstate__(self) -> dict[str, object]:
         # Pickle and deepcopy: keep the module, graphs, targets and acts; the rest is rebuilt on first call.
-        keys = ("module", "graph_module", "eval_graph_module", "fused", "acts")
+        keys = ("module", "graph_module", "eval_graph_module", "fused", "acts", "none_variants")
         return {k: self.__dict__[k] for k in keys}
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -364,9 +432,13 @@ class FusedForward:
             self.acts = ("silu",) * len(self.fused)
         if "eval_graph_module" not in state:  # pickled when one graph served both modes
             self.eval_graph_module = None
+        if "none_variants" not in state:  # pickled before calls with None arguments had graphs
+            self.none_variants = {}
 
-    def _fused_args(self, args: tuple[object, ...], kwargs: dict[str, object]) -> list[object] | None:
-        """The graph's arguments when this call matches the trace, else None."""
+    def _fused_args(
+        self, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> tuple[list[object], frozenset[str]] | None:
+        """The graph arguments and the parameters passed as None when a trace covers this call, else None."""
         if "_params" not in self.__dict__:
             self._params = _forward_parameters(self.module)
             self._signature = inspect.Signature(self._params)
@@ -374,7 +446,7 @@ class FusedForward:
             bound = self._signature.bind(*args, **kwargs).arguments
         except TypeError:
             return None  # the class's forward raises the proper error
-        values = []
+        values, none = [], set()
         for p in self._params:
             if p.name not in bound:
                 continue
@@ -382,17 +454,22 @@ class FusedForward:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 return None  # traced empty
             if p.default is p.empty:
-                if not isinstance(value, torch.Tensor):
+                if value is None:
+                    none.add(p.name)  # covered where a variant was traced with it None
+                elif not isinstance(value, torch.Tensor):
                     return None  # a proxy stood for it: `is None` / isinstance tests went the tensor way
-                values.append(value)
+                else:
+                    values.append(value)
             elif not _same_default(value, p.default):
                 return None  # traced with the default
-        return values
+        none = frozenset(none)
+        return (values, none) if not none or none in self.none_variants else None
 
     def __call__(self, *args: object, **kwargs: object) -> object:
-        values = self._fused_args(args, kwargs)
-        if values is not None:
-            return type(self._graph()).forward(self.module, *values)
+        found = self._fused_args(args, kwargs)
+        if found is not None:
+            values, none = found
+            return type(self._graph(none)).forward(self.module, *values)
         norms = [self.module.get_submodule(target) for target in self.fused]
         for norm in norms:
             norm.act = None
