@@ -711,10 +711,14 @@ def test_bad_arguments_exit_2(args: list[str], capsys: pytest.CaptureFixture[str
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("floor_us", [3.0, 8.0])
 def test_main_end_to_end_with_a_fake_gpu(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], floor_us: float
 ) -> None:
-    """The whole CLI flow (prepare, time, table, targets, JSON, Markdown) with the GPU parts faked."""
+    """The whole CLI flow (floors, prepare, time, table, targets, JSON, Markdown) with the GPU parts faked.
+
+    A floor of 3 us leaves the small latency targets (6 and 10 us) as the issues set them; 8 us rules the
+    forward's 6 us out, which is then judged at 8 / 0.9 us."""
 
     class FakeTimer:
         can_delay = True
@@ -724,9 +728,13 @@ def test_main_end_to_end_with_a_fake_gpu(
             self.device = device
 
     calls: list[str] = []
+    floors: list[str] = []
 
     def fake_time_cuda(fn: object, **kwargs: object) -> Timing:
         fn()  # the prepared call really runs (on the CPU)
+        if fn.__code__.co_filename.endswith("floor.py"):  # type: ignore[attr-defined]
+            floors.append("t")
+            return t(floor_us)
         calls.append("t")
         return t(4.0 if len(calls) % 2 else 40.0)  # ours-auto 4 us, eager 40 us
 
@@ -749,18 +757,34 @@ def test_main_end_to_end_with_a_fake_gpu(
     assert "copy bandwidth (SOL): 4.000 TB/s" in printed and "Speed targets" in printed
     data = json.loads(out_json.read_text())
     assert len(data["results"]) == 4 and len(calls) == 4  # fwd, bwd x ours-auto, eager
+    assert len(floors) == 3  # forward: copy_ and neg; backward: add
+    assert {(f["direction"], f["floor_us"]) for f in data["floors"]} == {("fwd", floor_us), ("bwd", floor_us)}
+    assert f"fp32 fwd floor {floor_us:9.2f} us (copy_ {floor_us:.2f} us, neg {floor_us:.2f} us)" in printed
     assert {(r["direction"], r["impl"]) for r in data["results"]} == {
         (d, i) for d in ("fwd", "bwd") for i in ("ours-auto", "eager")
     }
     assert data["settings"]["dtypes"] == "fp32" and data["command"].endswith("--markdown " + str(out_md))
     by = {c["target"] + c["direction"]: c for c in data["targets"]}
-    assert set(by) == {"small usfwd", "small usbwd"}  # 5 MiB: no speedup target over eager below 8 MiB
-    assert by["small usfwd"]["value"] == 4.0 and by["small usbwd"]["value"] == 4.0
-    assert {c["status"] for c in by.values()} == {"reported"} and by["small usfwd"]["passed"] is None  # fp32
+    fwd = "small us" if floor_us < 6 else "small us, 90 % of the floor"
+    assert set(by) == {fwd + "fwd", "small usbwd"}  # 5 MiB: no speedup target over eager below 8 MiB
+    assert by[fwd + "fwd"]["value"] == 4.0 and by["small usbwd"]["value"] == 4.0
+    assert by[fwd + "fwd"]["threshold"] == pytest.approx(6.0 if floor_us < 6 else floor_us / 0.9)
+    assert by["small usbwd"]["threshold"] == 10.0 and by["small usbwd"]["note"] == ""
+    if floor_us > 6:
+        assert "issue: 6 us" in by[fwd + "fwd"]["note"] and "8.00 us" in by[fwd + "fwd"]["note"]
+    assert {c["status"] for c in by.values()} == {"reported"} and by[fwd + "fwd"]["passed"] is None  # fp32
     assert data["targets_summary"] == {"PASS": 0, "MISS": 0, "n/a": 0, "reported": 2}
     assert "2 reported (fp32, not judged)" in printed
     md = out_md.read_text()
     assert "Fake GPU" in md and "| 2x1280x16x16-G32-silu | fp32 | fwd |" in md
+
+
+def test_main_without_floors_times_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gn_module.bench import cli
+
+    parsed = cli.build_parser().parse_args(["--no-floors"])
+    assert cli.resolve_settings(parsed)["floors"] is False
+    assert cli.resolve_settings(cli.build_parser().parse_args([]))["floors"] is True
 
 
 def test_plan_info_and_launch_record_with_a_fake_launcher(monkeypatch: pytest.MonkeyPatch) -> None:

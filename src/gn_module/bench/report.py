@@ -33,6 +33,8 @@ class Report:
     results: list[Result]
     checks: list[TargetCheck] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    #: Each row's floor in us (`floor.measure_floor`) by (case, dtype, direction); empty when not measured.
+    floors: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
     @property
     def copy_tbps(self) -> float | None:
@@ -46,6 +48,10 @@ class Report:
             "copy_bandwidth": self.copy,
             "settings": self.settings,
             "results": [r.as_dict(self.copy_tbps) for r in self.results],
+            "floors": [
+                {"case": case, "dtype": dtype, "direction": direction, "floor_us": us}
+                for (case, dtype, direction), us in self.floors.items()
+            ],
             "targets": [c.as_dict() for c in self.checks],
             "targets_summary": summarize_checks(self.checks),
         }

@@ -21,6 +21,10 @@ x eager (channels_last), >= 8 MiB  >= 5                        >= 2
 x compile-cl, >= 8 MiB             >= 2                        (none)
 =================================  ==========================  ==========================
 
+Where the run measured a row's floor (`floor`: one launch moving the row's minimum bytes) and the floor rules
+the SOL or latency target out, that target becomes 90 % of the floor (the issues' "90 % of a measured limit"),
+named "..., 90 % of the floor" with the issue's target in the note.
+
 "A sample fits on chip" (issue 12: "each sample's 16 MiB fits on chip", 32x128x256x256; issue 13: "a
 sample's channel window fits on chip") is ruled as: the tensor has more than one sample and one sample's
 bytes are at most ON_CHIP_BYTES, the same 24 MiB bound under which a mid tensor gets its higher target.
@@ -28,10 +32,13 @@ bytes are at most ON_CHIP_BYTES, the same 24 MiB bound under which a mid tensor 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from gn_module.bench.cases import COMPILE_IMPLS, MIB, OURS, Case, size_class
+from gn_module.bench.floor import limit_adjusted
 from gn_module.bench.results import Result, group_results
+from gn_module.bench.timing import sol_fraction
 
 #: The dtypes the targets judge (issue 12: "fp16 and bf16 (fp32 rows are reported, not judged)").
 JUDGED_DTYPES = ("fp16", "bf16")
@@ -134,8 +141,16 @@ def sol_target(case: Case, tensor_bytes: int, direction: str) -> tuple[str, floa
     return f"{cls} SOL", SOL_TARGETS[(cls, direction)]
 
 
-def check_targets(results: list[Result], copy_tbps: float | None) -> list[TargetCheck]:
-    """Every target that applies to every measured (shape, dtype, direction)."""
+def check_targets(
+    results: list[Result], copy_tbps: float | None, floors: Mapping[tuple[str, str, str], float] | None = None
+) -> list[TargetCheck]:
+    """Every target that applies to every measured (shape, dtype, direction).
+
+    `floors` (us by `Result.key`, `floor.measure_floor` in the same run) may lower a SOL or latency target
+    to 90 % of the row's floor where the floor rules the issue's target out (`floor.limit_adjusted`); the
+    check's note then gives the issue's target and the floor.
+    """
+    floors = floors or {}
     checks: list[TargetCheck] = []
     for (case, dtype, direction), by_impl in group_results(results).items():
         ours = by_impl.get(OURS)
@@ -145,14 +160,28 @@ def check_targets(results: list[Result], copy_tbps: float | None) -> list[Target
         cls = size_class(tensor_bytes)
         judged = dtype in JUDGED_DTYPES
 
-        def add(target: str, value: float | None, threshold: float, higher: bool = True) -> None:
-            checks.append(TargetCheck(case, dtype, direction, target, value, threshold, higher, judged))  # noqa: B023
+        def add(
+            target: str, value: float | None, threshold: float, higher: bool = True, note: str = ""
+        ) -> None:
+            checks.append(TargetCheck(case, dtype, direction, target, value, threshold, higher, judged, note))  # noqa: B023
+
+        floor_us = floors.get(ours.key)
+
+        def add_limited(
+            target: str, value: float | None, threshold: float, floor_value: float | None, higher: bool
+        ) -> None:
+            adjusted = None if floor_value is None else limit_adjusted(threshold, floor_value, higher)
+            if adjusted is None:
+                add(target, value, threshold, higher)
+            else:
+                add(f"{target}, 90 % of the floor", value, adjusted[0], higher, adjusted[1])
 
         sol = sol_target(ours.case, tensor_bytes, direction)
         if sol is not None:
-            add(sol[0], ours.sol(copy_tbps), sol[1])
+            floor_sol = sol_fraction(ours.bytes, floor_us, copy_tbps) if floor_us and copy_tbps else None
+            add_limited(sol[0], ours.sol(copy_tbps), sol[1], floor_sol, True)
         if cls == "small":
-            add("small us", ours.median_us, LATENCY_TARGETS_US[direction], higher=False)
+            add_limited("small us", ours.median_us, LATENCY_TARGETS_US[direction], floor_us, False)
 
         compiled = [by_impl[i] for i in COMPILE_IMPLS if i in by_impl and by_impl[i].median_us is not None]
         best = min(compiled, key=lambda r: r.median_us) if compiled else None

@@ -1,0 +1,106 @@
+"""gn_module.bench.floor and the targets it may lower (CPU): what a floor rules out, what the target becomes
+(90 % of the floor), that the floor's launches move exactly a row's minimum bytes, and that an unmeasured or
+reachable floor leaves the issues' targets alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gn_module.bench import floor as bench_floor
+from gn_module.bench import targets as bench_targets
+from gn_module.bench.cases import Case, bytes_moved
+from gn_module.bench.results import Result
+from gn_module.bench.timing import Timing
+
+COPY_TBPS = 4.0
+MID16 = Case((1, 512, 128, 128), 32, "silu")  # 16 MiB fp16: the mid target at <= 24 MiB (0.75 forward)
+SMALL = Case((2, 320, 64, 64), 32, "silu")  # 5 MiB fp16
+LARGE = Case((1, 128, 1024, 2048), 16)
+
+
+def t(us: float) -> Timing:
+    return Timing(us, us, us, us, us, us, 10)
+
+
+def us_at_sol(case: Case, direction: str, fraction: float, dtype: str = "fp16") -> float:
+    return bytes_moved(case, dtype, direction) / (COPY_TBPS * 1e12) * 1e6 / fraction
+
+
+def checks(case: Case, direction: str, ours_us: float, floor_us: float | None, dtype: str = "fp16") -> dict:
+    results = [Result(case, dtype, direction, "ours-auto", t(ours_us))]
+    floors = {} if floor_us is None else {(case.name, dtype, direction): floor_us}
+    return {c.target: c for c in bench_targets.check_targets(results, COPY_TBPS, floors)}
+
+
+@pytest.mark.parametrize(
+    ("threshold", "floor", "higher", "expected"),
+    [
+        (0.75, 0.68, True, 0.9 * 0.68),  # SOL: the floor is below the target
+        (0.75, 0.75, True, None),  # reachable at the floor exactly
+        (0.62, 0.98, True, None),
+        (6.0, 6.37, False, 6.37 / 0.9),  # latency: the floor is above the target
+        (6.0, 6.0, False, None),
+        (10.0, 7.78, False, None),
+    ],
+)
+def test_limit_adjusted(threshold: float, floor: float, higher: bool, expected: float | None) -> None:
+    got = bench_floor.limit_adjusted(threshold, floor, higher)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None and got[0] == pytest.approx(expected)
+        assert f"issue: {threshold:g}" in got[1]
+
+
+def test_a_sol_target_under_the_floor_becomes_ninety_percent_of_it() -> None:
+    floor_us = us_at_sol(MID16, "fwd", 0.68)
+    by = checks(MID16, "fwd", us_at_sol(MID16, "fwd", 0.62), floor_us)
+    check = by["mid SOL (<=24MiB), 90 % of the floor"]
+    assert check.threshold == pytest.approx(0.612) and check.passed is True
+    assert "issue: 0.75" in check.note and "0.680" in check.note
+    # the same time misses the issue's own target where no floor was measured
+    plain = checks(MID16, "fwd", us_at_sol(MID16, "fwd", 0.62), None)["mid SOL (<=24MiB)"]
+    assert plain.threshold == 0.75 and plain.passed is False
+
+
+def test_a_reachable_target_stays_the_issues() -> None:
+    by = checks(LARGE, "fwd", us_at_sol(LARGE, "fwd", 0.60), us_at_sol(LARGE, "fwd", 0.98))
+    assert set(by) >= {"large SOL"} and by["large SOL"].threshold == 0.62 and by["large SOL"].passed is False
+
+
+def test_a_latency_target_under_the_floor() -> None:
+    by = checks(SMALL, "fwd", 7.0, 6.37)
+    check = by["small us, 90 % of the floor"]
+    assert check.threshold == pytest.approx(6.37 / 0.9) and check.passed is True
+    assert checks(SMALL, "fwd", 7.0, 5.0)["small us"].passed is False  # a 5 us floor leaves 6 us
+
+
+def test_fp32_rows_are_adjusted_but_not_judged() -> None:
+    by = checks(Case((2, 1280, 16, 16), 32, "silu"), "fwd", 7.0, 6.37, dtype="fp32")  # 5 MiB in fp32
+    assert by["small us, 90 % of the floor"].status == "reported"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32", "bf16-autocast", "fp16-autocast"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_floor_launches_move_the_rows_minimum_bytes(dtype: str, direction: str) -> None:
+    case = Case((2, 8, 3, 5), 4)
+    calls = bench_floor.floor_calls(case, dtype, direction, "cpu")
+    kernels = bench_floor.KERNELS[direction]
+    assert tuple(calls) == (kernels[:1] if direction == "fwd" and "autocast" in dtype else kernels)
+    for fn in calls.values():
+        out = fn()
+        assert out.shape == case.shape and out.is_contiguous(memory_format=torch.channels_last)
+        inputs = [v.cell_contents for v in fn.__closure__ if isinstance(v.cell_contents, torch.Tensor)]
+        moved = sum(x.numel() * x.element_size() for x in {id(x): x for x in [*inputs, out]}.values())
+        assert moved == bytes_moved(case, dtype, direction)
+
+
+def test_floor_is_the_faster_kernel() -> None:
+    assert bench_floor.Floor({"copy_": 5.3, "neg": 5.1}).us == 5.1
+
+
+def test_five_dimensional_rows_use_channels_last_3d() -> None:
+    case = Case((1, 8, 2, 3, 4), 4)
+    y = bench_floor.floor_calls(case, "fp16", "fwd", "cpu")["copy_"]()
+    assert y.is_contiguous(memory_format=torch.channels_last_3d)
