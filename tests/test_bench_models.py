@@ -751,6 +751,36 @@ def test_compile_rows_compile_each_then_take_turns(tmp_path: Path, monkeypatch: 
     assert len(row["round_speedups"]) == 3  # (paired: baseline / swapped of each round)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_one_baseline_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
+    """--baseline-layouts contiguous: no channels_last model is built (nor compiled); the baseline is NCHW's
+    step, and the report says it was the only layout timed."""
+    built: list[str] = []
+    prepare = bm.prepare
+    monkeypatch.setattr(
+        bm, "prepare", lambda spec, config, *a: built.append(config) or prepare(spec, config, *a)
+    )
+    extra = ["--compile", "--no-eager", "--compile-backend", "eager"] if compiled else []
+    rc, data, md = run_json(
+        tmp_path, "--models", "vae", "--precisions", "fp32", "--baseline-layouts", "contiguous",
+        "--profile-gn", "0", *extra,
+    )  # fmt: skip
+    assert rc == 0 and built == ["contiguous", "swapped"]
+    (row,) = data["rows"]
+    assert row["baseline_layout"] == "contiguous" and set(row["measurements"]) == {"contiguous", "swapped"}
+    assert row["baseline_ms"] == row["measurements"]["contiguous"]["median_ms"]
+    assert data["settings"]["baseline_layouts"] == ["contiguous"]
+    assert "Baseline = NCHW with torch's GroupNorm (the only layout timed" in md
+
+
+def test_baseline_layouts_are_checked() -> None:
+    with pytest.raises(SystemExit):
+        bm.build_parser().parse_args(["--baseline-layouts", "nhwc"])
+    args = bm.build_parser().parse_args(["--baseline-layouts", "contiguous,contiguous"])
+    assert bm.settings_from_args(args).baseline_layouts == ("contiguous",)
+    assert bm.settings_from_args(bm.build_parser().parse_args([])).baseline_layouts == bm.BASELINE_LAYOUTS
+
+
 def test_unavailable_model_is_skipped_with_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reason = model_zoo._import_reason("gn_module_no_such_package")
     assert reason is not None and "ModuleNotFoundError" in reason and "gn_module_no_such_package" in reason

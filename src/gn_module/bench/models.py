@@ -6,6 +6,8 @@ seed and fed the same batch:
 
 * ``channels_last`` and ``contiguous`` (NCHW): torch's own GroupNorm, model and inputs in that layout.
   The faster of the two is the *baseline*: what a user would run without us. The report says which.
+  ``--baseline-layouts`` may name one of them (the settings record it): a compile row then compiles one
+  baseline fewer.
 * ``swapped``: ``convert_groupnorm(model)`` (``fuse_calls=True`` with ``--fuse-calls``), channels_last.
 
 Each configuration runs W warm-up steps, then N timed steps in R rounds (``--rounds``). Eager rows keep
@@ -355,6 +357,8 @@ class Settings:
     compile_backend: str = "inductor"
     compile_mode: str | None = None
     seed: int = SEED
+    # torch's layouts timed as baselines (--baseline-layouts): both by default; one saves a cold compile
+    baseline_layouts: tuple[str, ...] = BASELINE_LAYOUTS
 
 
 def batch_size(spec: ModelSpec, settings: Settings) -> int:
@@ -569,7 +573,8 @@ def run_row(
         # first), then they take turns as the eager rows do: a compiled step that waits on the host
         # moves with the host's speed, which drifts over the minutes of compiling (session 37).
         with _compile_context(True):
-            trainers = [prepare(spec, c, precision, True, batch_cpu, device, settings) for c in CONFIGS]
+            configs = (*settings.baseline_layouts, SWAPPED)
+            trainers = [prepare(spec, c, precision, True, batch_cpu, device, settings) for c in configs]
             graphs = _compiled_graphs()
             time_rounds(trainers, settings, device)
             row.recompiled = _compiled_graphs() != graphs  # (then the rounds timed a compile)
@@ -591,7 +596,7 @@ def run_row(
             log(f"{spec.name:24} {precision} {mode:7} {'GPU busy':13} {_busy_text(row)}")
         return row
 
-    configs = (*CONFIGS, GN_FREE) if settings.gn_free else CONFIGS
+    configs = (*settings.baseline_layouts, SWAPPED, *((GN_FREE,) if settings.gn_free else ()))
     trainers = [prepare(spec, c, precision, False, batch_cpu, device, settings) for c in configs]
     time_rounds(trainers, settings, device)
     steps = {t.m.config: t.step for t in trainers}  # finish() drops them; profiling needs one
@@ -858,6 +863,17 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def _baseline_text(layouts: Sequence[str]) -> str:
+    """What the baseline is in this run: the faster of both layouts, or the one --baseline-layouts named."""
+    if len(layouts) > 1:
+        return (
+            "Baseline = the faster of channels_last (CL) and NCHW with torch's GroupNorm (`other layout ms` "
+            "is the slower);"
+        )
+    only = LAYOUT_LABEL[layouts[0]]
+    return f"Baseline = {only} with torch's GroupNorm (the only layout timed: --baseline-layouts);"
+
+
 def _notes(report: ModelsReport) -> list[str]:
     lines = [f"{name}: skipped, {why}" for name, why in report.skipped.items()]
     for r in report.rows:
@@ -938,8 +954,9 @@ def render_markdown_report(report: ModelsReport) -> str:
         "median of the round medians ("
         + ("CUDA events" if report.device.get("cuda") else "perf_counter, CPU")
         + "); each configuration on a fresh model with the same seed and batch, eager configurations "
-        "taking turns round by round. Baseline = the faster of channels_last (CL) and NCHW with torch's "
-        "GroupNorm (`other layout ms` is the slower); swapped = `convert_groupnorm` on channels_last. "
+        "taking turns round by round. "
+        + _baseline_text(s.get("baseline_layouts", BASELINE_LAYOUTS))
+        + " swapped = `convert_groupnorm` on channels_last. "
         "Speedup = baseline ms / swapped ms. Peak MiB = `torch.cuda.max_memory_allocated` over the "
         "configuration's timed steps, less the other configurations' tensors kept alive beside it. "
         "swapped/fused: GroupNorm layers swapped / with SiLU fused. Compile s: wall time of the first "
@@ -1037,6 +1054,14 @@ def build_parser() -> argparse.ArgumentParser:
         "kept): the bound no GroupNorm on channels_last can beat; speedup targets above "
         f"{LIMIT_FRACTION:g} x that bound become {LIMIT_FRACTION:g} x the bound",
     )
+    p.add_argument(
+        "--baseline-layouts",
+        type=_csv(BASELINE_LAYOUTS),
+        default=list(BASELINE_LAYOUTS),
+        help="torch's layouts timed as the baseline (default channels_last,contiguous: the baseline is the "
+        "faster); naming one saves its model and, in compile rows, a cold compile, but the baseline is then "
+        "that layout's step, not necessarily the faster",
+    )
     p.add_argument("--batch", type=int, help="batch size for every model (default: each model's own)")
     p.add_argument(
         "--steps", type=int, help=f"timed steps (default {DEFAULTS['steps']}, tiny {TINY_DEFAULTS['steps']})"
@@ -1096,6 +1121,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         gn_free=args.gn_free,
         compile_backend=args.compile_backend,
         compile_mode=args.compile_mode,
+        baseline_layouts=tuple(dict.fromkeys(args.baseline_layouts)),
     )
 
 
