@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import warnings
@@ -14,11 +15,21 @@ from model_step_helpers import assert_same_step
 from torch import nn
 
 import gn_module
+from gn_module import fx_fusion
 from gn_module.callback import GNSwapCallback
 from gn_module.convert import convert_groupnorm, revert_groupnorm
 from gn_module.fx_fusion import FusedForward
 
+
 #: diffusers' get_activation names -> (module, functional form) of the block's nonlinearity.
+@pytest.fixture(autouse=True)
+def fresh_warnings():
+    """fuse_calls warns once per module class and reason in a process: each test starts from none."""
+    fx_fusion._WARNED.clear()
+    yield
+    fx_fusion._WARNED.clear()
+
+
 ACT_FNS = {"silu": (nn.SiLU, F.silu), "relu": (nn.ReLU, F.relu), "gelu": (nn.GELU, F.gelu)}
 
 
@@ -319,9 +330,12 @@ def test_a_vae_block_called_with_temb_none_runs_fused():
     temb = torch.randn(2, 8, 1, 1)
     torch.testing.assert_close(block(x, temb), ref(x, temb), rtol=0, atol=0)  # the proxy trace's graph
     assert seen[2:] == ["silu", "silu"]
-    with pytest.warns(FutureWarning):  # extra kwargs were traced empty: the original forward, unfused
-        torch.testing.assert_close(block(x, temb, scale=1.0), ref(x, temb))
+    with pytest.warns(FutureWarning), pytest.warns(RuntimeWarning, match="extra arguments"):
+        torch.testing.assert_close(block(x, temb, scale=1.0), ref(x, temb))  # the original forward, unfused
     assert seen[4:] == [None, None] and block.norm1.act == "silu"  # fused again after the call
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # once per class and reason
+        block(x, temb, scale=1.0)
     with pytest.raises(TypeError):  # the original forward's own error
         block()
 
@@ -374,11 +388,14 @@ def test_none_traces_that_fail_or_fuse_differently_are_not_kept():
         assert report.fused == (["norm1"] if cls is NoneUsed else ["norm1", "norm2"])
         assert vars(block)["forward"].none_variants == {}
         torch.testing.assert_close(block(x, t), ref(x, t), rtol=0, atol=0)
-        if cls is NoneUsed:
-            with pytest.raises(AttributeError):  # the original forward's own error
-                block(x, None)
-        else:  # the original forward, unfused: norm1 without its activation
-            torch.testing.assert_close(block(x, None), ref(x, None), rtol=0, atol=0)
+        with pytest.warns(
+            RuntimeWarning, match=rf"{cls.__name__}.forward call ran unfused \(\w None, a call no"
+        ):
+            if cls is NoneUsed:
+                with pytest.raises(AttributeError):  # the original forward's own error
+                    block(x, None)
+            else:  # the original forward, unfused: norm1 without its activation
+                torch.testing.assert_close(block(x, None), ref(x, None), rtol=0, atol=0)
         assert block.norm1.act == "silu"
 
 
@@ -428,7 +445,9 @@ def test_parameter_with_default_is_traced_at_its_default():
     assert report.fused == ["norm"]
     x = torch.randn(2, 4, 3)
     for kwargs in ({}, {"scale": 1.0}, {"scale": 3.0}, {"double": True}, {"double": False}):
-        torch.testing.assert_close(model(x, **kwargs), ref(x, **kwargs), msg=str(kwargs))
+        traced = all(kwargs.get(k, v) == v for k, v in (("scale", 1.0), ("double", False)))
+        with contextlib.nullcontext() if traced else pytest.warns(RuntimeWarning, match="not its default"):
+            torch.testing.assert_close(model(x, **kwargs), ref(x, **kwargs), msg=str(kwargs))
 
 
 class Drop(nn.Module):
@@ -830,8 +849,8 @@ def test_call_unlike_the_trace_restores_each_norms_own_act():
     block, report = convert_groupnorm(block, fuse_calls=True, fuse_acts=True)
     assert report.fused == ["norm1", "norm2"]
     x = torch.randn(2, 8, 4, 4)
-    with pytest.warns(FutureWarning):  # an extra keyword: the original forward, unfused
-        torch.testing.assert_close(block(x, None, scale=1.0), ref(x, None))
+    with pytest.warns(FutureWarning), pytest.warns(RuntimeWarning, match="extra arguments"):
+        torch.testing.assert_close(block(x, None, scale=1.0), ref(x, None))  # the original forward, unfused
     assert block.norm1.act == "relu" and block.norm2.act == "relu"  # fused again after the call
 
 

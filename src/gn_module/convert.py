@@ -266,7 +266,8 @@ def convert_groupnorm(
     each tensor parameter after the first passed as None (alone, then all of them), so a VAE block's
     ``temb=None`` call runs fused where that trace fuses the same pairs. Calls that do not fit what was
     traced (another None pattern, a non-tensor where a tensor was traced, a non-default value for a
-    parameter with a default, extra ``*args``/``**kwargs``) run the original ``forward`` unfused.
+    parameter with a default, extra ``*args``/``**kwargs``) run the original ``forward`` unfused, with a
+    RuntimeWarning once per module class and reason (eager mode).
     Modules whose forward cannot be traced (data-dependent control flow...) are left alone and listed
     in ``skipped``; `revert_groupnorm` restores the original ``forward``.
 

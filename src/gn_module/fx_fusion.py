@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 
@@ -437,39 +438,45 @@ class FusedForward:
 
     def _fused_args(
         self, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> tuple[list[object], frozenset[str]] | None:
-        """The graph arguments and the parameters passed as None when a trace covers this call, else None."""
+    ) -> tuple[list[object], frozenset[str]] | str | None:
+        """The graph arguments and the parameters passed as None when a trace covers this call; else why
+        not (a string), or None where the arguments do not bind (the class's forward raises the error)."""
         if "_params" not in self.__dict__:
             self._params = _forward_parameters(self.module)
             self._signature = inspect.Signature(self._params)
         try:
             bound = self._signature.bind(*args, **kwargs).arguments
         except TypeError:
-            return None  # the class's forward raises the proper error
+            return None
         values, none = [], set()
         for p in self._params:
             if p.name not in bound:
                 continue
             value = bound[p.name]
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                return None  # traced empty
+                return f"extra arguments ({p.name} was traced empty)"
             if p.default is p.empty:
                 if value is None:
                     none.add(p.name)  # covered where a variant was traced with it None
                 elif not isinstance(value, torch.Tensor):
-                    return None  # a proxy stood for it: `is None` / isinstance tests went the tensor way
+                    # a proxy stood for it: `is None` / isinstance tests went the tensor way
+                    return f"{p.name} is a {type(value).__name__}, traced as a tensor"
                 else:
                     values.append(value)
             elif not _same_default(value, p.default):
-                return None  # traced with the default
+                return f"{p.name} is not its default, {p.default!r}, which was traced"
         none = frozenset(none)
-        return (values, none) if not none or none in self.none_variants else None
+        if none and none not in self.none_variants:
+            return f"{', '.join(sorted(none))} None, a call no kept trace covers"
+        return values, none
 
     def __call__(self, *args: object, **kwargs: object) -> object:
         found = self._fused_args(args, kwargs)
-        if found is not None:
+        if isinstance(found, tuple):
             values, none = found
             return type(self._graph(none)).forward(self.module, *values)
+        if isinstance(found, str):
+            _warn_unfused(self.module, found)
         norms = [self.module.get_submodule(target) for target in self.fused]
         for norm in norms:
             norm.act = None
@@ -478,3 +485,25 @@ class FusedForward:
         finally:
             for norm, act in zip(norms, self.acts, strict=True):
                 norm.act = act
+
+
+#: (class, reason) pairs already warned about: one warning each per process.
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_unfused(module: nn.Module, reason: str) -> None:
+    """Say once per module class and reason that a call ran the class's forward unfused: the conversion
+    report counted its GroupNorms fused, and only the calls its traces cover run them so. Not while
+    torch.compile traces (a warning there breaks the graph, and fullgraph=True fails)."""
+    if torch.compiler.is_compiling():
+        return
+    key = (type(module).__qualname__, reason)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(
+        f"gn_module fuse_calls: a {key[0]}.forward call ran unfused ({reason}); its fused GroupNorms run "
+        "with their activation only in the calls that convert_groupnorm(fuse_calls=True) traced",
+        RuntimeWarning,
+        stacklevel=5,  # (the caller of the module: nn.Module's __call__ and _call_impl are in between)
+    )
