@@ -120,6 +120,8 @@ class GNSwapCallback(Callback):
             ``fuse_silu=False`` takes SiLU out.
             ``fuse_calls=True`` (opt-in) also fuses GroupNorm -> activation called in sequence inside
             a module's ``forward`` (diffusers' ResNet blocks), by tracing those forwards with torch.fx.
+            Use it with torch.compile for such models: Inductor never recomputes our op, so an
+            activation called after it keeps the op's output for its backward (more peak memory).
         restore_on_teardown: put the original layers (and memory format) back when the stage ends.
         log_hyperparams: record the counts in every logger's hyperparameters.
 
