@@ -19,31 +19,33 @@ import sys
 
 import torch
 
-from gn_module.bench.cases import ALL_DTYPES, CASES, Case, bytes_moved, select_cases, size_class
-from gn_module.bench.floor import limit_adjusted, measure_floor
-from gn_module.bench.targets import LATENCY_TARGETS_US, sol_target
-from gn_module.bench.timing import EventTimer, copy_bandwidth, sol_fraction, throughput_tbps
+from gn_module.bench.cases import ALL_DTYPES, CASES, OURS, Case, bytes_moved, select_cases, size_class
+from gn_module.bench.floor import measure_floor
+from gn_module.bench.results import Result
+from gn_module.bench.targets import TargetCheck, check_targets
+from gn_module.bench.timing import EventTimer, Timing, copy_bandwidth, sol_fraction, throughput_tbps
 
 
 def limit_row(case: Case, dtype: str, direction: str, floor_us: float, copy_tbps: float) -> dict:
-    """The issue's target for this size and, where the floor rules it out, 90 % of the floor."""
-    tensor_bytes = case.nbytes(dtype)
-    cls = size_class(tensor_bytes)
+    """The issue's target for this size and, where the floor rules it out, 90 % of the floor: the benchmark's
+    own checks (`targets.check_targets`) of a row timed at the floor, without and with the floor."""
     floor_sol = sol_fraction(bytes_moved(case, dtype, direction), floor_us, copy_tbps)
-    row = {"floor_sol": floor_sol, "class": cls}
-    if cls == "small":
-        target, unit, value, higher = LATENCY_TARGETS_US[direction], "us", floor_us, False
-        row["target"] = f"<= {target:g} us"
-    else:
-        sol = sol_target(case, tensor_bytes, direction)
-        if sol is None:
-            return row
-        target, unit, value, higher = sol[1], "", floor_sol, True
-        row["target"] = f"{sol[0]} >= {target:.2f}"
-    adjusted = limit_adjusted(target, value, higher)
-    row["reachable"] = adjusted is None
-    if adjusted is not None:
-        row["limit_target"] = f"<= {adjusted[0]:.1f} us" if unit else f">= {adjusted[0]:.3f}"
+    row = {"floor_sol": floor_sol, "class": size_class(case.nbytes(dtype))}
+    at_floor = [Result(case, dtype, direction, OURS, Timing(*[floor_us] * 6, 1))]
+
+    def sized(floors: dict) -> TargetCheck | None:  # the SOL or latency check (the only kinds without peers)
+        return next(iter(check_targets(at_floor, copy_tbps, floors)), None)
+
+    issue, limited = sized({}), sized({at_floor[0].key: floor_us})
+    if issue is None:
+        return row
+    op = ">=" if issue.higher_is_better else "<="
+    row["target"] = f"{issue.target} {op} {issue.threshold:g}"
+    row["reachable"] = limited.threshold == issue.threshold
+    if not row["reachable"]:
+        row["limit_target"] = (
+            f"{op} {limited.threshold:.1f} us" if op == "<=" else f"{op} {limited.threshold:.3f}"
+        )
     return row
 
 
