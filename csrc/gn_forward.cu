@@ -184,8 +184,14 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   if (team < a.teams) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     for (int64_t task = team; task < task_count(a); task += a.teams) {
-      member_stats<T, V>(a, task, t0, t1, sm);
-      if (arrive(arrivals(a, task), static_cast<unsigned>(a.team_size))) combine_task<T>(a, task);
+      // (timeline builds: points 5-8 inside the first task's stats, 12 arrived, 13 combined)
+      member_stats<T, V>(a, task, t0, t1, sm, kTimeline && task == team ? 5 : -1);
+      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
+      if (kTimeline) trace_point(a, 12);
+      if (last) {
+        combine_task<T>(a, task);
+        if (kTimeline) trace_point(a, 13);
+      }
       tiles_done += t1 - t0;
     }
   }
@@ -198,6 +204,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
 // flight per thread, was 4-11 % slower on the 64-256 MiB shapes.)
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
+  if (kTimeline) trace_point(a, 9);  // (timeline builds: 9 start, 10 statistics in, 11 end; rows shared
+                                     // with the stats launch's points 0, 5-8 and 12-15)
   const TaskSmem<T> sm(a);
   const TeamPlace<> place(a);
   const int team = place.team, member = place.member;
@@ -214,10 +222,12 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
         if (first) wait_for_prerequisites();  // (uniform in the block)
         load_group_stats(a, task, sm.grp);
         __syncthreads();
+        if (kTimeline && first) trace_point(a, 10);
       });
       tiles_done += t1 - t0;
     }
   }
+  if (kTimeline) trace_point(a, 11);
   record(a, 2, static_cast<int>(tiles_done));
   record(a, 3, static_cast<int>(reread));
 }

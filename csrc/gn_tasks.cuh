@@ -135,13 +135,26 @@ __device__ __forceinline__ void cluster_barrier() {
 
 // ---------------------------------------------------------------- profiling
 // Optional phase timeline (GnArgs::trace, scripts/profile_tasks.py --trace): thread 0 of each block
-// records clock64() at numbered points; one null check per point when off.
+// records clock64() at numbered points; one null check per point when off. Built with
+// -DGN_TRACE_TIMELINE (scripts/launch_timeline.py) it records %globaltimer instead (ns, one clock for
+// every SM, so blocks compare), and the two-launch forward's kernels trace their launch's timeline.
 constexpr int kTracePoints = 16;
 __device__ __forceinline__ void trace_point(const GnArgs& a, int point) {
   if (a.trace != nullptr && threadIdx.x == 0 && point < kTracePoints) {
-    a.trace[static_cast<int64_t>(blockIdx.x) * kTracePoints + point] = clock64();
+#ifdef GN_TRACE_TIMELINE
+    int64_t now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+#else
+    const int64_t now = clock64();
+#endif
+    a.trace[static_cast<int64_t>(blockIdx.x) * kTracePoints + point] = now;
   }
 }
+#ifdef GN_TRACE_TIMELINE
+constexpr bool kTimeline = true;
+#else
+constexpr bool kTimeline = false;
+#endif
 
 // The one-launch kernels' team stagger (GnArgs::stagger_ns; schedule.team_stagger): a team's late start,
 // a sleep on the global timer (ns), which any arch has. Thread 0 sleeps, the block waits at the barrier.

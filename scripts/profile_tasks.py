@@ -18,6 +18,10 @@ import sys
 
 import torch
 
+# The C++ autograd node (the default training route) launches without the trace buffer: a backward traced
+# here must come from the Python Function (gn_module.autograd_node: traces keep the Python route).
+os.environ.setdefault("GN_CPP_NODE", "0")
+
 os.environ.setdefault("GN_ARCH", "tasks+bwd")  # the default: task forward and backward
 import gn_module
 
