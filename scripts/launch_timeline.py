@@ -18,10 +18,6 @@ import sys
 
 import torch
 
-# The C++ autograd node (the default training route) launches without the trace buffer: a backward traced
-# here must come from the Python Function (gn_module.autograd_node: traces keep the Python route).
-os.environ.setdefault("GN_CPP_NODE", "0")
-
 SHAPES = [
     ((1, 128, 1024, 2048), 16, None),
     ((1, 128, 1024, 1024), 32, "silu"),
@@ -119,6 +115,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("launch_timeline.py: needs a CUDA device", file=sys.stderr)
         return 3
+    # The C++ autograd node (the default training route) launches without the trace buffer: a backward
+    # traced here must come from the Python Function (gn_module.autograd_node: traces keep the Python route).
+    os.environ.setdefault("GN_CPP_NODE", "0")
     import gn_module
     from gn_module import ops
 
