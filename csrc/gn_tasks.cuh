@@ -139,11 +139,16 @@ __device__ __forceinline__ void cluster_barrier() {
 // -DGN_TRACE_TIMELINE (scripts/launch_timeline.py) it records %globaltimer instead (ns, one clock for
 // every SM, so blocks compare), and the two-launch forward's kernels trace their launch's timeline.
 constexpr int kTracePoints = 16;
+// The GPU's global timer in ns (the same clock on every SM; any arch has it).
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
 __device__ __forceinline__ void trace_point(const GnArgs& a, int point) {
   if (a.trace != nullptr && threadIdx.x == 0 && point < kTracePoints) {
 #ifdef GN_TRACE_TIMELINE
-    int64_t now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    const int64_t now = static_cast<int64_t>(global_ns());
 #else
     const int64_t now = clock64();
 #endif
@@ -162,12 +167,10 @@ __device__ __forceinline__ void stagger_start(const GnArgs& a, int team) {
   if (a.stagger_ns <= 0 || a.stagger_phases <= 1) return;
   const int64_t delay = static_cast<int64_t>(team % a.stagger_phases) * a.stagger_ns;
   if (delay > 0 && threadIdx.x == 0) {
-    uint64_t start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    const uint64_t start = global_ns();
     do {
       __nanosleep(256);
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < static_cast<uint64_t>(delay));
+    } while (global_ns() - start < static_cast<uint64_t>(delay));
   }
   __syncthreads();
 }
