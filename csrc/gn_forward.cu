@@ -173,6 +173,15 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
 // task to arrive combines; then each member writes y for the same tiles, its tasks in reverse
 // order and each range's chunks in reverse, so the data the stats launch read last (still in L2)
 // goes first.
+// The stats launch only reads, so its ring uses 3 of the a.slots slots (2 chunks in flight beside the
+// one being summed; the apply launch, same layout, uses all). Deeper rings queued more reads than
+// DRAM needs: H200, 6 -> 3 slots, 1x128x1024x2048 G16 414 -> 411 us, the 256 MiB SiLU rows 1 %
+// faster, 1x512x256x256 within noise (RESULTS.md session 40). -DGN_STATS_RING=0 uses every slot.
+#ifndef GN_STATS_RING
+#define GN_STATS_RING 3
+#endif
+constexpr int kStatsRing = GN_STATS_RING;
+
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   let_dependents_in();
@@ -185,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       // (timeline builds: points 5-8 inside the first task's stats, 12 arrived, 13 combined)
-      member_stats<T, V>(a, task, t0, t1, sm, kTimeline && task == team ? 5 : -1);
+      member_stats<T, V>(a, task, t0, t1, sm, kTimeline && task == team ? 5 : -1, kStatsRing);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       if (kTimeline) trace_point(a, 12);
       if (last) {

@@ -628,12 +628,13 @@ __device__ __forceinline__ void walk_ring_forwards(int chunks, int slots, Read&&
 
 // Reduces the tiles [t0, t1) of `task` chunk by chunk through the ring of `slots` chunks (the next
 // slots - 1 chunks are in flight while one is summed) and writes their partials. On return the last
-// min(slots, chunks) chunks are in their slots. Returns the number of chunks.
+// min(slots, chunks) chunks are in their slots. Returns the number of chunks. `ring` > 0 caps the
+// slots used (the two-launch stats kernel, which keeps no chunk for an apply).
 // `trace`: the first of 4 trace points (copies issued, first chunk in, first tile done, all
 // done), or -1 for none.
 template <typename T, int V>
 __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
-                            int trace = -1) {
+                            int trace = -1, int ring = 0) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
@@ -661,7 +662,7 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   int in_tile = 0;
   int64_t tile = t0;
   walk_ring_forwards(
-      chunks, a.slots,
+      chunks, ring > 0 ? min(ring, a.slots) : a.slots,
       [&](int q, int slot) {
         if (lane.active) copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q));
       },
