@@ -7,7 +7,8 @@ and the script refuses to run. Shapes: GN_PROFILE_SHAPES as in scripts/profile_t
 benchmark's large rows). For each launch it prints, per trace point, the time from the forward's (or
 backward's) first block start in us (min / median / max over blocks), then the blocks' stream times and
 `balance` = mean / max of them: how much of the launch's span its slowest block alone decides. x (and dy)
-come from DRAM: the L2 is flushed by a write before each traced call.
+come from DRAM: the L2 is flushed before each traced call by the benchmark's read flush (since session 40;
+the write flush before it left dirty lines whose write-back landed in the traced launches).
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ def main() -> int:
     os.environ.setdefault("GN_CPP_NODE", "0")
     import gn_module
     from gn_module import ops
+    from gn_module.bench.timing import l2_read_flush
 
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = l2_read_flush()  # the benchmark's (a read: no dirty lines left for the traced kernels)
     directions = args.directions.split(",")
     for shape, groups, act in parse_shapes():
         x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
@@ -133,7 +135,7 @@ def main() -> int:
             with torch.no_grad():
                 gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=2)  # build, warm up
                 for rep in range(args.reps):
-                    flush.zero_()
+                    flush()
                     with ops.phase_trace(TRACE_ROWS) as trace:
                         gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=2)
                         torch.cuda.synchronize()
@@ -151,7 +153,7 @@ def main() -> int:
             y = gn_module.group_norm(xg, groups, wg, bg, 1e-5, act)
             torch.autograd.grad(y, (xg, wg, bg), dy, retain_graph=True)
             for rep in range(args.reps):
-                flush.zero_()
+                flush()
                 with ops.phase_trace(TRACE_ROWS) as trace:  # (the launch's grid may differ from `plan`'s)
                     torch.autograd.grad(y, (xg, wg, bg), dy, retain_graph=True)
                     torch.cuda.synchronize()

@@ -8,6 +8,8 @@ python scripts/profile_tasks.py --once-bwd   # one backward per shape (its plan'
 
 GN_PROFILE_SHAPES="1x128x1024x2048:G16,32x128x240x256" replaces the fixed shapes (scripts/time_shapes.py's
 format: NxCxHxW[:G<groups>][:silu]), e.g. to time the stats launch on ranges that are not powers of two.
+Before each profiled or traced call the L2 is flushed as the benchmark does (a read); until session 40 it
+was a write (zeroing 256 MiB), whose dirty lines were written back inside the measured launches.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ os.environ.setdefault("GN_CPP_NODE", "0")
 
 os.environ.setdefault("GN_ARCH", "tasks+bwd")  # the default: task forward and backward
 import gn_module
+from gn_module.bench.timing import l2_read_flush  # the benchmark's flush: a read, no dirty lines left
 
 SHAPES = [
     ((2, 1280, 16, 16), 32, "silu"),
@@ -96,7 +99,7 @@ def trace_all() -> int:
         if hasattr(torch.cuda.get_device_properties(0), "clock_rate")
         else 1.98
     )
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = l2_read_flush()
     for shape, groups, act in SHAPES:
         x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
         w = torch.randn(shape[1], device="cuda", dtype=torch.float16)
@@ -104,7 +107,7 @@ def trace_all() -> int:
         plan = ops.plan(x.shape, groups, x.dtype, "fwd", 1)
         with torch.no_grad():
             gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=1)  # warm up, build
-            flush.zero_()  # x comes from DRAM, as in the benchmarks
+            flush()  # x comes from DRAM, as in the benchmarks
             with ops.phase_trace(plan.grid) as trace:
                 gn_module.group_norm(x, groups, w, b, 1e-5, act, passes=1)
                 torch.cuda.synchronize()
@@ -143,7 +146,7 @@ def trace_backward() -> int:
 
     props = torch.cuda.get_device_properties(0)
     ghz = props.clock_rate / 1e6 if hasattr(props, "clock_rate") else 1.98
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = l2_read_flush()
     # GN_PROFILE_PAD_KIB=k: k KiB allocated ahead of each shape's tensors move them (and dx) to other
     # addresses (session 8's open question: does the apply's 7 % come from where dx lands?)
     pad_kib = int(os.environ.get("GN_PROFILE_PAD_KIB", "0"))
@@ -157,7 +160,7 @@ def trace_backward() -> int:
         plan = ops.plan(x.shape, groups, x.dtype, "bwd")
         y = gn_module.group_norm(x, groups, w, b, 1e-5, act)
         torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)  # warm up, build
-        flush.zero_()
+        flush()
         with ops.phase_trace(plan.grid + plan.strip_blocks) as trace:  # (the apply's strip blocks too)
             torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
             torch.cuda.synchronize()
@@ -182,13 +185,13 @@ def trace_backward() -> int:
     return 0
 
 
-def launch_times(call, name_part: str, flush: torch.Tensor, calls: int = 10) -> dict[str, float]:
+def launch_times(call, name_part: str, flush, calls: int = 10) -> dict[str, float]:
     """Median device time (us) of each kernel whose name holds `name_part` over `calls` calls of `call`,
     L2 flushed before each (torch.profiler)."""
     launches: dict[str, list[float]] = {}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            flush.zero_()
+            flush()
             call()
         torch.cuda.synchronize()
     for e in prof.events():
@@ -202,7 +205,7 @@ def launches_forward() -> int:
     read rate / the apply launch's read + write rate (TB/s)."""
     from gn_module import ops
 
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = l2_read_flush()
     for shape, groups, act in SHAPES:
         x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
         w = torch.randn(shape[1], device="cuda", dtype=torch.float16)

@@ -63,3 +63,31 @@ def test_the_script_exits_3_without_a_gpu() -> None:
     env = dict(os.environ, GN_NVCC_FLAGS="-DGN_TRACE_TIMELINE", CUDA_VISIBLE_DEVICES="")
     out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 3 and "needs a CUDA device" in out.stderr
+
+
+@pytest.mark.parametrize("script", ["launch_timeline.py", "profile_tasks.py"])
+def test_launch_scripts_flush_l2_by_reading_as_the_benchmark_does(script: str) -> None:
+    # A write flush (zeroing a buffer) leaves the L2 full of dirty lines whose write-back lands inside the
+    # measured launch (about 9 us on a 512 MiB read stream on the H200): these scripts' launch times and
+    # timelines must see what the benchmark's timed calls see.
+    source = (ROOT / "scripts" / script).read_text()
+    assert "l2_read_flush()" in source
+    assert ".zero_()" not in source
+
+
+def test_l2_read_flush_is_the_benchmark_timers_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gn_module.bench import timing
+
+    made = []
+
+    class FakeTimer:
+        def __init__(self, device: object = None) -> None:
+            made.append(device)
+
+        def flush(self) -> None:
+            made.append("flushed")
+
+    monkeypatch.setattr(timing, "EventTimer", FakeTimer)
+    flush = timing.l2_read_flush("cuda:1")
+    flush()
+    assert made == ["cuda:1", "flushed"]

@@ -237,6 +237,14 @@ class EventTimer:
         return statistics.median(self.measure(fn, 3))
 
 
+def l2_read_flush(device: Any = None) -> Callable[[], None]:
+    """The benchmark's L2 flush (a read of FLUSH_L2_MULTIPLE x the L2 size) as a callable, for scripts that
+    profile or trace launches: they then see x in DRAM and no dirty lines in L2, as the timed calls do.
+    (A write flush, e.g. zeroing a buffer, leaves the L2 full of dirty lines whose write-back lands in the
+    next kernel: about 9 us on a 512 MiB read stream on the H200, RESULTS.md session 15.)"""
+    return EventTimer(device).flush
+
+
 def time_cuda(
     fn: Callable[[], object],
     *,
