@@ -168,11 +168,6 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
 #endif
 }
 
-// Two launches over the same persistent teams as the one-pass kernel (no block waits for another,
-// so any grid works): each member reduces its tiles of its team's tasks and the last member of a
-// task to arrive combines; then each member writes y for the same tiles, its tasks in reverse
-// order and each range's chunks in reverse, so the data the stats launch read last (still in L2)
-// goes first.
 // The stats launch only reads, so its ring uses 3 of the a.slots slots (2 chunks in flight beside the
 // one being summed; the apply launch, same layout, uses all). Deeper rings queued more reads than
 // DRAM needs: H200, 6 -> 3 slots, 1x128x1024x2048 G16 414 -> 411 us, the 256 MiB SiLU rows 1 %
@@ -182,6 +177,11 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
 #endif
 constexpr int kStatsRing = GN_STATS_RING;
 
+// Two launches over the same persistent teams as the one-pass kernel (no block waits for another,
+// so any grid works): each member reduces its tiles of its team's tasks and the last member of a
+// task to arrive combines; then each member writes y for the same tiles, its tasks in reverse
+// order and each range's chunks in reverse, so the data the stats launch read last (still in L2)
+// goes first.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   let_dependents_in();
