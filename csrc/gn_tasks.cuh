@@ -511,9 +511,9 @@ __device__ __forceinline__ const float2* task_partials(const GnArgs& a, int64_t 
 }
 
 // Mean and rstd of each group of a task from its tile partials [group][tile], in a fixed order:
-// lane j of a group sums the tiles [j*P/L, (j+1)*P/L) in order, then the L lanes fold by xor.
+// lane j of a group sums the tiles j, j + L, j + 2L, ... in order, then the L lanes fold by xor.
 // `emit(gl, mean, rstd)` runs once per group of the window. Every caller (the one-pass members,
-// the two-pass stats launch) computes the same bits.
+// the two-pass stats launch, the cluster members) computes the same bits.
 // p[lo * stride] + ... + p[(hi - 1) * stride] in order, with a batch of loads in flight at once (one
 // L2 round trip per batch instead of one per eight). Not inlined: its registers then do not add to
 // the kernels' hot loops (ptxas sizes a kernel by its worst point).
@@ -546,14 +546,17 @@ __device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&
   const int tiles = static_cast<int>(a.tiles_per_task);
   const int log2_lanes = combine_lanes_log2(gw), lanes = 1 << log2_lanes;
   const int j = threadIdx.x & (lanes - 1);
-  const int lo = (j * tiles) >> log2_lanes, hi = ((j + 1) * tiles) >> log2_lanes;
+  // Interleaved, so a warp's lanes of one group read adjacent partials: one or two lines per group
+  // and load, where runs of P/L tiles per lane touched a line per lane (32 per load, one L1 wavefront
+  // each: a 256-tile combine took 5.4 us, RESULTS.md session 19).
+  const int per_lane = (tiles - j + lanes - 1) >> log2_lanes;  // tiles j, j + L, ... below `tiles`
   for (int base = 0; base < gw; base += kThreads >> log2_lanes) {
     const int gl = base + (threadIdx.x >> log2_lanes);
     float2 acc = make_float2(0.f, 0.f);
     float shift = 0.f;
     if (gl < gw) {
       shift = to_float(static_cast<const T*>(a.x)[n * a.s * a.c + c0 + gl * cpg]);
-      acc = sum_partials(parts + static_cast<int64_t>(gl) * tiles, lo, hi);
+      acc = sum_partials(parts + static_cast<int64_t>(gl) * tiles + j, 0, per_lane, lanes);
     }
     for (int o = lanes / 2; o > 0; o >>= 1) {
       acc.x += __shfl_xor_sync(kFull, acc.x, o);
@@ -1005,8 +1008,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
 }
 
 // The last member of a task: the groups' sums over the task's tiles, from the tiles' group partials
-// [tile][group] (group_stats' order: lane j of a group sums the tiles [j*P/L, (j+1)*P/L) in order, then
-// the L lanes fold by xor).
+// [tile][group] (lane j of a group sums the tiles [j*P/L, (j+1)*P/L) in order, then the L lanes fold by
+// xor; the lanes of a warp read the groups of one tile side by side, so runs per lane coalesce here).
 static __device__ void bwd_combine_task(const GnArgs& a, int64_t task) {
   const int gw = groups_per_window(a);
   const int tiles = static_cast<int>(a.tiles_per_task);
