@@ -65,12 +65,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 
 // ---------------------------------------------------------------- task architecture
 // One launch: a persistent grid of teams; team j runs tasks j, j + teams, ...; each member reduces
-// its tiles, the last to arrive combines the task's partials and publishes mean/rstd with the
-// task's flag, and every member applies from the chunks it kept. (Every member combining for
-// itself was measured slower: hundreds of blocks reading the same partials at once. Again in
-// session 16, for tasks of up to 4096 partials: 2x320x64x64 20.2 us against 19.4, its 66 members'
-// wait 5.8 us against 4.2; 2x1280x16x16's 6 members no faster; 1x128x1024x2048 G16's two-launch
-// forward, combining in its apply launch behind the copies, 425.5 us against 416.3.)
+// its tiles and arrives; the last to arrive raises the task's flag, every member combines the
+// task's partials itself, and applies from the chunks it kept. (One member combining and publishing
+// mean/rstd was faster until the combine's loads were interleaved: with them, every member
+// combining takes the publish's round trip off the wait, 2x320x64x64 18.3 -> 17.2 us, RESULTS.md
+// session 41. The two-launch forward still combines once, in its stats launch: its apply blocks
+// combining behind their copies was slower, 425.5 us against 416.3 on 1x128x1024x2048 G16.)
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
@@ -94,26 +94,25 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
       trace_point(a, 1 + point);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &flag);
       trace_point(a, 2 + point);
+      // The last to arrive says with the task's flag that every partial is in; then each member sums
+      // them itself (group_stats' fixed order: the same bits in every member) and the last also stores
+      // them for the backward.
+      if (last && threadIdx.x == 0) store_release(flags(a, task), flag);  // (its arrival acquired them all)
+      if (last && round == 0) trace_point(a, 13);  // (round 0's last member: published, then 14 combined)
+      load_task_params(a, task, sm.param);  // (needed only by the apply: off the stats' critical path)
+      if (!last && threadIdx.x == 0) {
+        while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
+      }
+      __syncthreads();
       const int64_t ng0 = task_group0(a, task);
-      if (last) {  // combine once, publish mean/rstd with the task's flag
-        group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
-          sm.grp[gl] = make_float2(mean, rstd);
+      group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+        sm.grp[gl] = make_float2(mean, rstd);
+        if (last) {
           a.mean[ng0 + gl] = mean;
           a.rstd[ng0 + gl] = rstd;
-        });
-        if (round == 0) trace_point(a, 13);  // (the last member of round 0: combined, then 14 published)
-        __syncthreads();
-        if (threadIdx.x == 0) store_release(flags(a, task), flag);  // after the barrier: covers all threads' writes
-        if (round == 0) trace_point(a, 14);
-        load_task_params(a, task, sm.param);  // (needed only by the apply: off the stats' critical path)
-      } else {
-        load_task_params(a, task, sm.param);  // while the last member combines
-        if (threadIdx.x == 0) {
-          while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
         }
-        __syncthreads();
-        load_group_stats(a, task, sm.grp);
-      }
+      });
+      if (last && round == 0) trace_point(a, 14);
       __syncthreads();
       trace_point(a, 3 + point);
       reread += member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));

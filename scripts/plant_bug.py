@@ -216,6 +216,17 @@ PLANTINGS = {
         "it sums whatever the workspace held (poison, or an earlier launch's partials)",
         "cluster", False,
     ),
+    "onepass-flag-skip": Planting(
+        "gn_forward.cu",
+        "      if (!last && threadIdx.x == 0) {\n"
+        "        while (load_acquire(flags(a, task)) != flag) __nanosleep(32);\n      }\n",
+        "      // PLANTED: the members combine without waiting for the task's flag\n",
+        "flag teams (the one-launch forward's cooperative teams): each member combines its task's tile "
+        "partials as soon as it has arrived itself, without waiting for the last member's flag, so it "
+        "sums whatever the workspace held for the members still reducing (poison, or an earlier launch's "
+        "partials)",
+        "bitwise_invariant or field_reproducer or current_stream or generation_boundary", False,
+    ),
     # A timing experiment, not a bug to catch: the A/B of session 8 (RESULTS.md) asks whether the dx
     # phase of bwd_task_apply got 7 % slower on the large shapes because the kernel also sums dweight and
     # dbias (`bash scripts/ab_trees.sh OUT head=TREE nosums=TREE%timing-bwd-no-param-sums`).

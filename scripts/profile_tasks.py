@@ -72,14 +72,15 @@ def print_trace(label: str, trace: torch.Tensor, ghz: float, rounds: int) -> Non
                 d = (cur[ok] - prev[ok]).double() / (ghz * 1e3)
                 print(f"    {name:15} {d.median().item():8.2f} / {d.max().item():8.2f}")
             prev = cur
-    last = (t[:, 13] >= 0) & (t[:, 1] >= 0)  # round 0's last member: 13 combined, 14 published
+    # round 0's last member: 13 its flag raised (every partial is in), 14 its own combine done
+    last = (t[:, 13] >= 0) & (t[:, 1] >= 0)
     if last.any():
-        combine = (t[last, 13] - t[last, 1]).double() / (ghz * 1e3)
-        publish = (t[last, 14] - t[last, 13]).double() / (ghz * 1e3)
-        c, pub = combine.max().item(), publish.max().item()
-        print(f"  round 0's last member: arrive + combine {c:.2f}, publish {pub:.2f}")
+        publish = (t[last, 13] - t[last, 1]).double() / (ghz * 1e3)
+        combine = (t[last, 14] - t[last, 13]).double() / (ghz * 1e3)
+        pub, c = publish.max().item(), combine.max().item()
+        print(f"  round 0's last member: arrive + flag {pub:.2f}, combine {c:.2f}")
         # a one-round launch's last member may also trace inside its combine (points 9-12 are free there)
-        steps = [p for p in (2, 9, 10, 11, 12, 13) if p == 2 or bool((t[last, p] >= 0).all())]
+        steps = [p for p in (13, 9, 10, 11, 12, 14) if p == 13 or bool((t[last, p] >= 0).all())]
         if rounds == 1 and len(steps) > 2:
             parts = [
                 f"{a}->{b} {((t[last, b] - t[last, a]).double() / (ghz * 1e3)).max().item():.2f}"
