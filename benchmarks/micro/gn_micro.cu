@@ -411,6 +411,90 @@ __global__ void __launch_bounds__(kStreamThreads, 1) k_stream_cpasync(StreamArgs
   a.sink[blockIdx.x * kStreamThreads + t] = acc;
 }
 
+// The apply pass's store through the bulk copy engine (section 1d): the cp.async ring above, but each
+// thread writes its (transformed) vectors back into the stage and each warp then stores its own rows with
+// cp.async.bulk shared -> global (one per 512 B where the rows are contiguous, else one per row), waiting
+// only for the engine's read of the stage before its next refill. The warp's threads copied exactly the
+// stage bytes its stores read (each thread reads back only its own vectors), so no CTA barrier is needed.
+__device__ __forceinline__ void bulk_s2g(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until at most N bulk stores of this thread still read shared memory (their stage may be refilled).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+__global__ void __launch_bounds__(kStreamThreads, 1) k_stream_bulkstore(StreamArgs a) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int vpr_mask = (1 << a.log2_vpr) - 1;
+  const long long col_off = (long long)(t & vpr_mask) * 16;
+  const long long row_in = t >> a.log2_vpr;
+  const int rows_per_slot = kStreamThreads >> a.log2_vpr;
+  const int stage_rows = kStageBytes / a.row_bytes;
+  const int stages_per_chunk = a.chunk_rows / stage_rows;
+  const long long range0 = blockIdx.x * a.nchunks / gridDim.x, range1 = (blockIdx.x + 1) * a.nchunks / gridDim.x;
+  const long long total = (range1 - range0) * stages_per_chunk;
+  constexpr int kVecs = kStageBytes / 16 / kStreamThreads;
+  const uint32_t base_s = smem_u32(sm);
+  const bool contiguous = a.row_bytes == a.row_stride;
+  const int warp_rows = 32 >> a.log2_vpr;  // rows of one slot row-block a warp holds (row_bytes <= 512)
+  auto origin = [&](long long s, long long& win, long long& row0) {
+    chunk_origin(a, range0 + s / stages_per_chunk, win, row0);
+    row0 += (s % stages_per_chunk) * stage_rows;
+  };
+  auto issue = [&](long long s) {
+    if (s < total) {
+      long long win, row0;
+      origin(s, win, row0);
+      const uint8_t* g = a.x + (row0 + row_in) * a.row_stride + win * a.row_bytes + col_off;
+      const uint32_t d = base_s + static_cast<uint32_t>((s % kStages) * kStageBytes + t * 16);
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) cp_async16(d + k * kStreamThreads * 16, g + (long long)k * rows_per_slot * a.row_stride);
+    }
+    cp_async_commit();
+  };
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  uint32_t acc = 0;
+#pragma unroll 1
+  for (long long s = 0; s < total; ++s) {
+    cp_async_wait<kStages - 2>();  // (the refill below comes after this stage's use: one fewer in flight)
+    uint4* b = reinterpret_cast<uint4*>(sm + (s % kStages) * kStageBytes) + t;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      uint4 v = b[k * kStreamThreads];
+      acc += fold(v);
+      v.x ^= 1u;  // an apply's y in place of x
+      b[k * kStreamThreads] = v;
+    }
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {
+      long long win, row0;
+      origin(s, win, row0);
+      const uint32_t src0 = base_s + static_cast<uint32_t>((s % kStages) * kStageBytes + warp * 512);
+      for (int k = 0; k < kVecs; ++k) {
+        const long long r = row0 + (long long)warp * warp_rows + (long long)k * rows_per_slot;
+        uint8_t* dst = a.y + r * a.row_stride + win * a.row_bytes;
+        const uint32_t src = src0 + k * kStreamThreads * 16;
+        if (contiguous) {
+          bulk_s2g(dst, src, 512);
+        } else {
+          for (int i = 0; i < warp_rows; ++i) bulk_s2g(dst + i * a.row_stride, src + i * a.row_bytes, a.row_bytes);
+        }
+      }
+      bulk_commit();
+      bulk_wait_read<1>();  // the previous stage's stores have read their bytes: its slot may be refilled
+    }
+    __syncwarp();
+    issue(s + kStages - 1);  // into the previous stage's slot
+  }
+  if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  a.sink[blockIdx.x * kStreamThreads + t] = acc;
+}
+
 // Bulk copy engine: one cp.async.bulk per row segment (or one per stage when the rows are contiguous),
 // or (TMA=true) one 2D tensor copy per stage. Completion on one mbarrier per stage.
 template <bool TMA>
@@ -1097,16 +1181,6 @@ __global__ void __launch_bounds__(256, 1) k_copy_ld(const uint4* a, uint4* b, si
     }
   }
 }
-__device__ __forceinline__ void bulk_s2g(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// Until at most N bulk stores of this thread still read shared memory (their stage may be refilled).
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
 // The bulk-copy engine both ways, driven by one thread: a ring of S stages of B bytes; stage s is loaded
 // with cp.async.bulk (completion on its mbarrier), then stored with a bulk store; a stage is refilled once
 // its store has read it, one step later (S - 1 loads and up to 2 stores in flight). Block b copies the
@@ -1460,6 +1534,59 @@ static void measure_math() {
   for (int math : {0, 1, 2})
     for (int vecs : {4, 8})
       for (int cps : {2, 0}) run(math, vecs, cps);
+  emit(t);
+}
+
+// 1d. The apply's store: st.global.cs from registers against the bulk engine from the stage (per warp).
+static void measure_bulkstore() {
+  Table t{"bulkstore",
+          "1d. Read + write through the cp.async ring: streaming stores against per-warp bulk stores, ~512 MiB NHWC fp16",
+          "Contiguous ranges per CTA (the task kernels' member ranges), 4 x 16 KB stages, 256 threads. stcs: each vector "
+          "read is stored with st.global.cs (k_stream_cpasync<true, true>); bulk: written back into the stage and stored "
+          "by its warp with cp.async.bulk shared -> global (k_stream_bulkstore). TB/s counts bytes read + written.",
+          {"C", "W ch", "store", "CTAs/SM", "grid", "us", "TB/s", "frac"},
+          7,
+          {}};
+  for (const void* f : {(const void*)k_stream_cpasync<true, true>, (const void*)k_stream_bulkstore})
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, g_dev.smem_optin));
+  auto run = [&](int C, int W, bool bulk, int cps) {
+    const long long rows = 512ll * kMiB / (2ll * C) / 6144 * 6144;
+    const long long tensor_bytes = rows * 2ll * C;
+    StreamArgs a{};
+    a.x = g_bufA;
+    a.y = g_bufB;
+    a.sink = g_sink;
+    a.row_stride = 2ll * C;
+    a.row_bytes = 2 * W;
+    a.nwin = C / W;
+    a.log2_vpr = ilog2(a.row_bytes / 16);
+    a.chunk_rows = 64 * 1024 / a.row_bytes;
+    a.chunks_per_win = rows / a.chunk_rows;
+    a.nchunks = a.chunks_per_win * a.nwin;
+    a.win_elems = W;
+    const void* fn = bulk ? (const void*)k_stream_bulkstore : (const void*)k_stream_cpasync<true, true>;
+    size_t smem = std::max((size_t)kStreamSmem, (size_t)g_dev.smem_per_sm / (cps + 1) - g_dev.smem_reserved + 128);
+    const int occ = occupancy(fn, kStreamThreads, smem);
+    if (occ != cps) {
+      fprintf(stderr, "bulkstore: skipping C=%d W=%d cps=%d (occupancy %d)\n", C, W, cps, occ);
+      return;
+    }
+    const int grid = static_cast<int>(std::min<long long>(a.nchunks, (long long)occ * g_dev.sms));
+    auto launch = [&] {
+      if (bulk) k_stream_bulkstore<<<grid, kStreamThreads, smem, g_s>>>(a);
+      else k_stream_cpasync<true, true><<<grid, kStreamThreads, smem, g_s>>>(a);
+      CK_LAUNCH();
+    };
+    const double us = median_us(2, 12, flush_l2, launch);
+    const double tbs = tensor_bytes * 2.0 / us / 1e6;
+    t.rows.push_back({istr(C), istr(W), bulk ? "bulk" : "stcs", istr(occ), istr(grid), fmt("%.1f", us), fmt("%.3f", tbs),
+                      fmt("%.3f", tbs / g_copy_tbs)});
+  };
+  const int shapes[][2] = {{128, 128}, {512, 64}};
+  for (int round = 0; round < 2; ++round)
+    for (const auto& cw : shapes)
+      for (int cps : {2, 3})
+        for (bool bulk : {false, true}) run(cw[0], cw[1], bulk, cps);
   emit(t);
 }
 
@@ -2301,6 +2428,7 @@ int main(int argc, char** argv) {
   if (wanted("copyk")) section("copyk", measure_copy_kernels);
   if (wanted("stream")) section("stream", measure_stream);
   if (wanted("order")) section("order", measure_order);
+  if (wanted("bulkstore")) section("bulkstore", measure_bulkstore);
   if (wanted("math")) section("math", measure_math);
   if (wanted("onchip")) section("onchip", measure_onchip);
   if (wanted("barrier")) section("barrier", measure_barrier);
