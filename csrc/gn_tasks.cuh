@@ -865,9 +865,18 @@ __device__ __forceinline__ float2* bwd_group_partials(const GnArgs& a, int64_t t
 // (gn_kernels.cuh's channel_sums [n][c] hold (sum dz, sum dz * xhat) here, group_sums [n][g]
 // (sum w * dz, sum w * dz * xhat).)
 
-// A finished tile's partials from sm.chan (fold_channels): per channel, and per group weighted by w.
+// Where a tile's group partials go: [tile][group] (the default), or [group][tile] under the experiment
+// -DGN_EXP_BWD_GROUP_MAJOR=1, whose combine reads each group's tiles as the forward's does (a warp's lanes
+// of one group on adjacent partials, tiles j, j + L, ...: a new sum order, so other bits).
+#ifndef GN_EXP_BWD_GROUP_MAJOR
+#define GN_EXP_BWD_GROUP_MAJOR 0
+#endif
+constexpr bool kBwdGroupMajor = GN_EXP_BWD_GROUP_MAJOR != 0;
+
+// A finished tile's partials from sm.chan (fold_channels): per channel, and per group weighted by w
+// (per_group[gl * group_stride]).
 __device__ __forceinline__ void write_tile_partials(const GnArgs& a, const float2* chan, const float2* param,
-                                                    float2* per_channel, float2* per_group) {
+                                                    float2* per_channel, float2* per_group, int64_t group_stride) {
   for (int i = threadIdx.x; i < a.window; i += kThreads) per_channel[i] = chan[i];
   const int cpg = channels_per_group(a);
   for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
@@ -878,7 +887,7 @@ __device__ __forceinline__ void write_tile_partials(const GnArgs& a, const float
       acc.x = fmaf(w, s.x, acc.x);
       acc.y = fmaf(w, s.y, acc.y);
     }
-    per_group[gl] = acc;
+    per_group[gl * group_stride] = acc;
   }
 }
 
@@ -999,7 +1008,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
           } else {
             fold_channels_outlined(a, lane, sm, s1, s2);
           }
-          write_tile_partials(a, sm.chan, sm.param, parts + tile * a.window, gparts + tile * gw);
+          write_tile_partials(a, sm.chan, sm.param, parts + tile * a.window, gparts + (kBwdGroupMajor ? tile : tile * gw),
+                              kBwdGroupMajor ? a.tiles_per_task : 1);
           in_tile = 0;
           ++tile;
         }
@@ -1009,7 +1019,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
 
 // The last member of a task: the groups' sums over the task's tiles, from the tiles' group partials
 // [tile][group] (lane j of a group sums the tiles [j*P/L, (j+1)*P/L) in order, then the L lanes fold by
-// xor; the lanes of a warp read the groups of one tile side by side, so runs per lane coalesce here).
+// xor: each lane of a load on its own tile's row of partials; GN_EXP_BWD_GROUP_MAJOR: [group][tile], lane
+// j the tiles j, j + L, ..., as group_stats).
 static __device__ void bwd_combine_task(const GnArgs& a, int64_t task) {
   const int gw = groups_per_window(a);
   const int tiles = static_cast<int>(a.tiles_per_task);
@@ -1020,7 +1031,12 @@ static __device__ void bwd_combine_task(const GnArgs& a, int64_t task) {
   float2* out = group_sums(a) + task_group0(a, task);
   for (int base = 0; base < gw; base += kThreads >> log2_lanes) {
     const int gl = base + (threadIdx.x >> log2_lanes);
-    float2 acc = gl < gw ? sum_partials(parts + gl, lo, hi, gw) : make_float2(0.f, 0.f);
+    float2 acc = make_float2(0.f, 0.f);
+    if (gl < gw) {
+      acc = kBwdGroupMajor
+                ? sum_partials(parts + static_cast<int64_t>(gl) * tiles + j, 0, (tiles - j + lanes - 1) >> log2_lanes, lanes)
+                : sum_partials(parts + gl, lo, hi, gw);
+    }
     for (int o = lanes / 2; o > 0; o >>= 1) {
       acc.x += __shfl_xor_sync(kFull, acc.x, o);
       acc.y += __shfl_xor_sync(kFull, acc.y, o);
