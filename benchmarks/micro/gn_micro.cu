@@ -1537,6 +1537,24 @@ static void measure_math() {
   emit(t);
 }
 
+// The ring's arguments for `rows` rows of an NHWC fp16 tensor of C channels read in windows of W channels,
+// chunks of chunk_kb KB, from g_bufA (writes, where a pass writes, to g_bufB).
+static StreamArgs window_stream_args(int C, int W, int chunk_kb, long long rows) {
+  StreamArgs a{};
+  a.x = g_bufA;
+  a.y = g_bufB;
+  a.sink = g_sink;
+  a.row_stride = 2ll * C;
+  a.row_bytes = 2 * W;
+  a.nwin = C / W;
+  a.log2_vpr = ilog2(a.row_bytes / 16);
+  a.chunk_rows = chunk_kb * 1024 / a.row_bytes;
+  a.chunks_per_win = rows / a.chunk_rows;
+  a.nchunks = a.chunks_per_win * a.nwin;
+  a.win_elems = W;
+  return a;
+}
+
 // 1d. The apply's store: st.global.cs from registers against the bulk engine from the stage (per warp).
 static void measure_bulkstore() {
   Table t{"bulkstore",
@@ -1552,18 +1570,7 @@ static void measure_bulkstore() {
   auto run = [&](int C, int W, bool bulk, int cps) {
     const long long rows = 512ll * kMiB / (2ll * C) / 6144 * 6144;
     const long long tensor_bytes = rows * 2ll * C;
-    StreamArgs a{};
-    a.x = g_bufA;
-    a.y = g_bufB;
-    a.sink = g_sink;
-    a.row_stride = 2ll * C;
-    a.row_bytes = 2 * W;
-    a.nwin = C / W;
-    a.log2_vpr = ilog2(a.row_bytes / 16);
-    a.chunk_rows = 64 * 1024 / a.row_bytes;
-    a.chunks_per_win = rows / a.chunk_rows;
-    a.nchunks = a.chunks_per_win * a.nwin;
-    a.win_elems = W;
+    const StreamArgs a = window_stream_args(C, W, 64, rows);
     const void* fn = bulk ? (const void*)k_stream_bulkstore : (const void*)k_stream_cpasync<true, true>;
     size_t smem = std::max((size_t)kStreamSmem, (size_t)g_dev.smem_per_sm / (cps + 1) - g_dev.smem_reserved + 128);
     const int occ = occupancy(fn, kStreamThreads, smem);
@@ -1613,18 +1620,7 @@ static void measure_order() {
                  long long rows_set = 0) {
     const long long rows = rows_set ? rows_set : 512ll * kMiB / (2ll * C) / 6144 * 6144;
     const long long tensor_bytes = rows * 2ll * C;
-    StreamArgs a{};
-    a.x = g_bufA;
-    a.y = g_bufB;
-    a.sink = g_sink;
-    a.row_stride = 2ll * C;
-    a.row_bytes = 2 * W;
-    a.nwin = C / W;
-    a.log2_vpr = ilog2(a.row_bytes / 16);
-    a.chunk_rows = chunk_kb * 1024 / a.row_bytes;
-    a.chunks_per_win = rows / a.chunk_rows;
-    a.nchunks = a.chunks_per_win * a.nwin;
-    a.win_elems = W;
+    const StreamArgs a = window_stream_args(C, W, chunk_kb, rows);
     const void* fn = write ? (ranges ? (const void*)k_stream_cpasync<true, true> : (const void*)k_stream_cpasync<true, false>)
                            : (ranges ? (const void*)k_stream_cpasync<false, true> : (const void*)k_stream_cpasync<false, false>);
     size_t smem = kStreamSmem;
