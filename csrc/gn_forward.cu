@@ -71,6 +71,153 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 // combining takes the publish's round trip off the wait, 2x320x64x64 18.3 -> 17.2 us, RESULTS.md
 // session 41. The two-launch forward still combines once, in its stats launch: its apply blocks
 // combining behind their copies was slower, 425.5 us against 416.3 on 1x128x1024x2048 G16.)
+// A member of a one-launch team after its arrival at `task`: the last to arrive says with the task's
+// flag that every partial is in; then each member sums them itself (group_stats' fixed order: the same
+// bits in every member) into sm.grp, and the last also stores them for the backward. The task's
+// parameters go to sm.param meanwhile. `flag`: thread 0's flag value from arrive. Ends at a barrier.
+template <typename T>
+__device__ __forceinline__ void team_statistics(const GnArgs& a, int64_t task, bool last, const unsigned& flag,
+                                                const TaskSmem<T>& sm, int round) {
+  if (last && threadIdx.x == 0) store_release(flags(a, task), flag);  // (its arrival acquired them all)
+  if (last && round == 0) trace_point(a, 13);  // (round 0's last member: published, then 14 combined)
+  load_task_params(a, task, sm.param);  // (needed only by the apply: off the stats' critical path)
+  if (!last && threadIdx.x == 0) {
+    while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
+  }
+  __syncthreads();
+  const int64_t ng0 = task_group0(a, task);
+  group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+    sm.grp[gl] = make_float2(mean, rstd);
+    if (last) {
+      a.mean[ng0 + gl] = mean;
+      a.rstd[ng0 + gl] = rstd;
+    }
+  });
+  if (last && round == 0) trace_point(a, 14);
+  __syncthreads();
+}
+
+// The experiment -DGN_EXP_STREAMED_ROUNDS=1 (off by default): a member of a several-round one launch whose
+// chunks of a task fit its slots runs its rounds as one stream (member_rounds_streamed).
+#ifndef GN_EXP_STREAMED_ROUNDS
+#define GN_EXP_STREAMED_ROUNDS 0
+#endif
+
+// A member's rounds as one stream of chunks through its ring: chunk q of its round r is stream chunk
+// g = r * c + q (c = its chunks of a task, at most `slots`), in slot g % slots. The prologue reads the
+// first `slots` of them (the first round's and the next rounds' first slots - c); each chunk the apply
+// has written y from is refilled at once with chunk g + slots. So the next round's reads are in flight
+// while the team waits for this round's statistics and while it applies: the lockstep rounds streamed
+// nothing across their wait (RESULTS.md sessions 13 and 40). Nothing is read twice. The tiles, their
+// partials and y are those of the lockstep rounds: the same bits. Returns the tiles this member
+// reduced and applied.
+template <typename T, int V, typename TY>
+__device__ int64_t member_rounds_streamed(const GnArgs& a, int team, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
+                                          unsigned& flag) {
+  const TaskLane lane(a);
+  const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
+  const int cpt = chunks_per_tile(a);
+  const int c = static_cast<int>(t1 - t0) * cpt;
+  const int slots = a.slots;
+  const int rt = a.rows_threads;
+  const int sstep = rt * static_cast<int>(a.window);
+  const int64_t gstep = static_cast<int64_t>(rt) * a.c;
+  const T* x = static_cast<const T*>(a.x);
+  T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;  // this thread's place in slot 0
+  auto task_x = [&](int64_t task) { return x + task_sample(a, task) * a.s * a.c + task_c0(a, task); };
+  // The reader: the stream's next chunk to read is chunk read_q of task read_task.
+  int64_t read_task = team;
+  const T* read_base = task_x(team);
+  int read_q = 0;
+  auto issue = [&](int slot) {  // (the stream's next chunk always goes to `slot`: see the callers)
+    if (read_task < task_count(a) && lane.active) {
+      copy_rows<T, V>(read_base + tc.offset(read_q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(read_q));
+    }
+    cp_async_commit();  // (empty past the last round: the waits count groups)
+    if (++read_q == c) {
+      read_q = 0;
+      read_task += a.teams;
+      if (read_task < task_count(a)) read_base = task_x(read_task);
+    }
+  };
+  // A task's shifts (x[n, row 0, group's first channel]) of this thread's columns, as member_stats.
+  T raw[V];
+  auto load_shifts = [&](const T* base) {
+    int g[V];
+    column_groups<V>(a, lane.col, g);
+    const int cpg = channels_per_group(a);
+#pragma unroll
+    for (int v = 0; v < V; ++v) raw[v] = lane.active && lane.col * V + v < a.window ? base[g[v] * cpg] : base[0];
+  };
+  load_shifts(read_base);  // (ahead of the copies, so they do not queue behind them)
+  for (int i = 0; i < slots; ++i) issue(i);
+  float shift[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) shift[v] = lane.active ? to_float(raw[v]) : 0.f;
+  const StorePair pair(a);
+  int slot = 0;  // the slot of the stream's next chunk to reduce
+  int64_t tiles_done = 0;
+  int round = 0;
+  for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
+    prefetch_task_params(a, task);
+    float s1[V], s2[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
+    float2* parts = const_cast<float2*>(task_partials(a, task));
+    const int first_slot = slot;
+    int in_tile = 0;
+    int64_t tile = t0;
+    for (int q = 0; q < c; ++q) {
+      // `slots` + r * c groups are committed (the prologue's, then one per chunk applied) and chunk q of
+      // round r is group r * c + q: at most slots - 1 - q may still be in flight
+      cp_async_wait(slots - 1 - q);
+      if (lane.active) accumulate_rows<T, V>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), shift, s1, s2);
+      if (++in_tile == cpt) {
+        finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, a.tiles_per_task);
+        in_tile = 0;
+        ++tile;
+      }
+      slot = next_slot(slot, slots);
+    }
+    const int point = round < 3 ? 4 * round : kTracePoints;  // (the lockstep rounds' trace points)
+    trace_point(a, 1 + point);
+    const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &flag);
+    trace_point(a, 2 + point);
+    // The next task's shifts, kept in sm.chan (free until the next round's first tile ends: its last
+    // reader, finish_tile, is behind arrive's barrier) by the last row's threads, which are not thread 0
+    // (it polls the flag) where there are several rows: their load's latency hides in the wait.
+    const bool next = task + a.teams < task_count(a);
+    if (next && lane.row == rt - 1) {
+      load_shifts(task_x(task + a.teams));
+#pragma unroll
+      for (int v = 0; v < V; ++v) sm.chan[lane.col * V + v].x = to_float(raw[v]);
+    }
+    team_statistics<T>(a, task, last, flag, sm, round);
+    trace_point(a, 3 + point);
+    const ApplyCoefs<V> coefs(a, sm.grp, sm.param, lane.col);
+    TY* out = reinterpret_cast<TY*>(a.out) + (task_x(task) - x);
+    int s = first_slot;
+    for (int q = 0; q < c; ++q) {
+      if (lane.active) {
+        const T* from = mine + s * sm.slot_elems;
+        TY* y = out + tc.offset(q);
+        const int limit = tc.limit(q);
+        with_act(a.act, [&](auto act) {
+          apply_rows<T, V, decltype(act)::value, TY>(from, sstep, y, gstep, rt, limit, coefs, pair);
+        });
+      }
+      issue(s);  // this thread's elements of slot s are written out: the stream's chunk `slots` later
+      s = next_slot(s, slots);
+    }
+    __syncthreads();  // sm.grp and sm.param are rewritten for the next task; sm.chan holds its shifts
+#pragma unroll
+    for (int v = 0; v < V; ++v) shift[v] = next && lane.active ? sm.chan[lane.col * V + v].x : 0.f;
+    trace_point(a, 4 + point);
+    tiles_done += t1 - t0;
+  }
+  return tiles_done;
+}
+
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
@@ -84,6 +231,11 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     stagger_start(a, team);
     int round = 0;
+#if GN_EXP_STREAMED_ROUNDS
+    if (static_cast<int>(t1 - t0) * chunks_per_tile(a) <= a.slots && team + a.teams < task_count(a)) {
+      tiles_done = member_rounds_streamed<T, V, TY>(a, team, t0, t1, sm, flag);
+    } else
+#endif
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
       prefetch_task_params(a, task);
       // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived,
@@ -94,26 +246,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
       trace_point(a, 1 + point);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &flag);
       trace_point(a, 2 + point);
-      // The last to arrive says with the task's flag that every partial is in; then each member sums
-      // them itself (group_stats' fixed order: the same bits in every member) and the last also stores
-      // them for the backward.
-      if (last && threadIdx.x == 0) store_release(flags(a, task), flag);  // (its arrival acquired them all)
-      if (last && round == 0) trace_point(a, 13);  // (round 0's last member: published, then 14 combined)
-      load_task_params(a, task, sm.param);  // (needed only by the apply: off the stats' critical path)
-      if (!last && threadIdx.x == 0) {
-        while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
-      }
-      __syncthreads();
-      const int64_t ng0 = task_group0(a, task);
-      group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
-        sm.grp[gl] = make_float2(mean, rstd);
-        if (last) {
-          a.mean[ng0 + gl] = mean;
-          a.rstd[ng0 + gl] = rstd;
-        }
-      });
-      if (last && round == 0) trace_point(a, 14);
-      __syncthreads();
+      team_statistics<T>(a, task, last, flag, sm, round);
       trace_point(a, 3 + point);
       reread += member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
       trace_point(a, 4 + point);

@@ -1,7 +1,7 @@
 """Time `ours auto` on shapes outside the benchmark's fixed cases (GPU), for A/B runs of kernel trees.
 
     python scripts/time_shapes.py 32x320x64x64 32x128x256x256:G32 1x512x128x128:G32:silu [--dtype fp16]
-        [--directions fwd,bwd] [--passes auto,1,2] [--json PATH] [--no-flush]
+        [--directions fwd,bwd] [--passes auto,1,2] [--json PATH] [--no-flush] [--launch-tiles N]
 
 Each shape is NxCxHxW (or NxCxDxHxW), optionally followed by :G<groups> (default 32) and an
 activation (:silu, :relu, :gelu, :gelu_tanh; both directions run it). The timer is the benchmark's
@@ -11,7 +11,9 @@ is `gn_module.plan`'s. `--passes` times each schedule given (default auto only;
 1 forces one launch, 2 the stats and apply launches), to check what `auto` picks. `--warm-code` runs the
 same call on a second set of tensors after each flush (untimed): the kernels' code and parameters are
 back in L2 while x, dy and the statistics are not, so the difference to a plain run is what the flush's
-cold code costs the small shapes.
+cold code costs the small shapes. `--launch-tiles N` sets the tile budget of a launch
+(schedule.MAX_TILES_PER_LAUNCH) for the run, an experiment with other tilings: 8192 gives
+32x128x256x256 tiles of 256 rows, 4 chunks, so one team of 256 holds a whole sample on chip.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 import torch
 
 import gn_module
-from gn_module import _abi, ops
+from gn_module import _abi, ops, schedule
 from gn_module.bench.timing import EventTimer, copy_bandwidth, time_cuda
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -136,7 +138,19 @@ def main() -> int:
         action="store_true",
         help="also time each row with the same call on other tensors after the flush (code warm, data cold)",
     )
+    ap.add_argument(
+        "--launch-tiles",
+        type=int,
+        metavar="N",
+        help="an experiment: tile budget of a launch in both directions (schedule.MAX_TILES_PER_LAUNCH) for "
+        "this process; other tilings, so other bits than the default's",
+    )
     args = ap.parse_args()
+    if args.launch_tiles is not None:
+        if args.launch_tiles < 1:
+            raise SystemExit(f"--launch-tiles must be >= 1, got {args.launch_tiles}")
+        schedule.MAX_TILES_PER_LAUNCH.update(fwd=args.launch_tiles, bwd=args.launch_tiles)
+        print(f"tile budget per launch: {args.launch_tiles} (schedule.MAX_TILES_PER_LAUNCH, this process)")
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()), flush=not args.no_flush)
     copy = copy_bandwidth(timer=timer).tbps
     print(f"copy bandwidth {copy:.3f} TB/s")
