@@ -229,6 +229,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   if (team < a.teams) {
     // schedule.member_tiles: contiguous, balanced, every tile of the task exactly once
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
+    if (kTracePrologue && task_count(a) <= a.teams) trace_point(a, 9);
     stagger_start(a, team);
     int round = 0;
 #if GN_EXP_STREAMED_ROUNDS
@@ -274,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   const TeamPlace<> place(a);  // (one task per team: the team is the task)
   const int task = place.team, member = place.member;
   const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
+  if (kTracePrologue) trace_point(a, 9);
   prefetch_task_params(a, task);
   const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);
   trace_point(a, 1);

@@ -160,6 +160,14 @@ constexpr bool kTimeline = true;
 #else
 constexpr bool kTimeline = false;
 #endif
+// Built with -DGN_TRACE_PROLOGUE, a one-round one-launch forward also traces its prologue (scripts/
+// profile_tasks.py --trace): 9 its team, member and tiles known, 10 its shift loads issued (then 5, its
+// first copies issued). Several-round launches use 9 and 10 for round 2.
+#ifdef GN_TRACE_PROLOGUE
+constexpr bool kTracePrologue = true;
+#else
+constexpr bool kTracePrologue = false;
+#endif
 
 // The one-launch kernels' team stagger (GnArgs::stagger_ns; schedule.team_stagger): a team's late start,
 // a sleep on the global timer (ns), which any arch has. Thread 0 sleeps, the block waits at the barrier.
@@ -661,6 +669,7 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
 #pragma unroll
     for (int v = 0; v < V; ++v) raw[v] = lane.active && lane.col * V + v < a.window ? base[g[v] * cpg] : base[0];
   }
+  if (kTracePrologue && !kTimeline && trace >= 0) trace_point(a, 10);
   float shift[V], s1[V], s2[V];
   int in_tile = 0;
   int64_t tile = t0;

@@ -1,7 +1,8 @@
 """Per-call GPU time of the task forward (GN_ARCH=tasks): single calls vs back-to-back calls, for ncu.
 
 python scripts/profile_tasks.py [--once]     # --once: one call per shape (under ncu)
-python scripts/profile_tasks.py --trace      # the one-pass forward's phases per block
+python scripts/profile_tasks.py --trace      # the one-pass forward's phases per block (a build with
+                                             # GN_NVCC_FLAGS=-DGN_TRACE_PROLOGUE: its prologue too)
 python scripts/profile_tasks.py --trace-bwd  # the task backward's phases per block and its launches' times
 python scripts/profile_tasks.py --launches-fwd  # the two-launch forward's stats and apply launches' times
 python scripts/profile_tasks.py --once-bwd   # one backward per shape (its plan's launches, under ncu)
@@ -61,10 +62,14 @@ def print_trace(label: str, trace: torch.Tensor, ghz: float, rounds: int) -> Non
                 d = (cur[ok] - prev[ok]).double() / (ghz * 1e3)
                 print(f"  round {r} {name:13} {d.median().item():8.2f} / {d.max().item():8.2f}")
             prev = cur
+    # a build with -DGN_TRACE_PROLOGUE also traces a one-round launch's prologue: 9 placed, 10 shifts issued
+    prologue = rounds == 1 and bool(((t[:, 9] >= 0) & (t[:, 10] >= t[:, 9]) & (t[:, 5] >= t[:, 10])).all())
     if rounds == 1:  # points 5-8 are inside the stats phase (fwd_task_onepass)
         print("  inside round 0's stats (one-round launches):")
         prev = t[:, 0]
         inside = ((5, "copies issued"), (6, "first chunk in"), (7, "first tile done"), (8, "all tiles"))
+        if prologue:
+            inside = ((9, "placed"), (10, "shifts issued"), *inside)
         for point, name in inside:
             cur = t[:, point]
             ok = (cur >= 0) & (prev >= 0)
@@ -80,7 +85,9 @@ def print_trace(label: str, trace: torch.Tensor, ghz: float, rounds: int) -> Non
         pub, c = publish.max().item(), combine.max().item()
         print(f"  round 0's last member: arrive + flag {pub:.2f}, combine {c:.2f}")
         # a one-round launch's last member may also trace inside its combine (points 9-12 are free there)
-        steps = [p for p in (13, 9, 10, 11, 12, 14) if p == 13 or bool((t[last, p] >= 0).all())]
+        steps = [
+            p for p in (13, 9, 10, 11, 12, 14) if p == 13 or (not prologue and bool((t[last, p] >= 0).all()))
+        ]
         if rounds == 1 and len(steps) > 2:
             parts = [
                 f"{a}->{b} {((t[last, b] - t[last, a]).double() / (ghz * 1e3)).max().item():.2f}"
