@@ -97,10 +97,40 @@ __device__ __forceinline__ void team_statistics(const GnArgs& a, int64_t task, b
   __syncthreads();
 }
 
+// The same with one combine per task (-DGN_EXP_STREAMED_PUBLISH=1, for member_rounds_streamed): the last to
+// arrive sums the partials, stores mean/rstd and then raises the flag; the others load them after it.
+// A team of 256 members that each read 256 tiles' partials per round moves 16 MB through L2 per round;
+// this moves 64 KB, at the cost of the publish's round trip in the wait (which the stream may hide).
+template <typename T>
+__device__ __forceinline__ void team_statistics_published(const GnArgs& a, int64_t task, bool last,
+                                                          const unsigned& flag, const TaskSmem<T>& sm) {
+  load_task_params(a, task, sm.param);
+  const int64_t ng0 = task_group0(a, task);
+  if (last) {
+    group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+      sm.grp[gl] = make_float2(mean, rstd);
+      a.mean[ng0 + gl] = mean;
+      a.rstd[ng0 + gl] = rstd;
+    });
+    __syncthreads();  // (every thread's stores, then thread 0's release)
+    if (threadIdx.x == 0) store_release(flags(a, task), flag);
+  } else {
+    if (threadIdx.x == 0) {
+      while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
+    }
+    __syncthreads();
+    load_group_stats(a, task, sm.grp);
+  }
+  __syncthreads();
+}
+
 // The experiment -DGN_EXP_STREAMED_ROUNDS=1 (off by default): a member of a several-round one launch whose
 // chunks of a task fit its slots runs its rounds as one stream (member_rounds_streamed).
 #ifndef GN_EXP_STREAMED_ROUNDS
 #define GN_EXP_STREAMED_ROUNDS 0
+#endif
+#ifndef GN_EXP_STREAMED_PUBLISH
+#define GN_EXP_STREAMED_PUBLISH 0
 #endif
 
 // A member's rounds as one stream of chunks through its ring: chunk q of its round r is stream chunk
@@ -192,7 +222,11 @@ __device__ int64_t member_rounds_streamed(const GnArgs& a, int team, int64_t t0,
 #pragma unroll
       for (int v = 0; v < V; ++v) sm.chan[lane.col * V + v].x = to_float(raw[v]);
     }
+#if GN_EXP_STREAMED_PUBLISH
+    team_statistics_published<T>(a, task, last, flag, sm);
+#else
     team_statistics<T>(a, task, last, flag, sm, round);
+#endif
     trace_point(a, 3 + point);
     const ApplyCoefs<V> coefs(a, sm.grp, sm.param, lane.col);
     TY* out = reinterpret_cast<TY*>(a.out) + (task_x(task) - x);
