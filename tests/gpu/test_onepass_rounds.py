@@ -60,10 +60,11 @@ def _task_kernels(monkeypatch):
     ops._launches.clear()
 
 
-def streamed_plan(x: torch.Tensor, groups: int, m: int, teams: int) -> schedule.TaskPlan:
+def streamed_plan(x: torch.Tensor, groups: int, m: int, teams: int, wide=None) -> schedule.TaskPlan:
     """The one-launch plan of teams of m under a cap of m x teams; skips where this device's slots do not
     hold every member's chunks, and fails where the plan is not one of several rounds (a vacuous case)."""
-    p = ops.plan(x.shape, groups, x.dtype, "fwd", 1)
+    aligned = x.data_ptr() % schedule.VEC_BYTES == 0  # (as the launcher decides: y is new, so aligned)
+    p = ops.plan(x.shape, groups, x.dtype, "fwd", 1, aligned=aligned, wide=wide)
     assert isinstance(p, schedule.TaskPlan) and p.schedule == 1 and p.teams is not None
     tm = p.teams
     assert (tm.team_size, tm.teams) == (m, teams) and tm.rounds >= 2, tm
@@ -82,11 +83,11 @@ def check_rounds(x, w, b, groups, m, teams, act, wide=None):
     ops._launches.clear()  # (launches are cached by call signature, which the forced teams are not part of)
     with pytest.MonkeyPatch.context() as mp, ops.max_resident_blocks(m * teams):
         mp.setattr(schedule, "choose_teams", forced_teams(m))
-        p = streamed_plan(x, groups, m, teams)
+        p = streamed_plan(x, groups, m, teams, wide)
         with ops.team_stagger(0), ops.launch_record() as rec:
             got = forward(x, w, b, groups, act, 1, wide)
         r = rec["fwd"]
-        assert r["schedule"] == 1 and r["grid"] == p.grid == m * teams
+        assert r["plan"] == p and r["schedule"] == 1 and r["grid"] == p.grid == m * teams
         assert r["tiles_phase1"] == r["tiles_applied"] == p.tiles
         assert r["chunks_reread"] == 0 == schedule.task_reread_chunks(p)
         with ops.team_stagger(20000, 2):  # (teams that start late: other rounds overlap)
@@ -120,8 +121,7 @@ def test_scalar_path_rounds_kept_on_chip():
     assert x.data_ptr() % 16 != 0
     w = (1 + 0.5 * torch.randn(64, device="cuda")).half()
     b = (0.5 * torch.randn(64, device="cuda")).half()
-    t = ops.plan(x.shape, 8, x.dtype, "fwd", 1).tiling
-    assert t.vec == 1
+    assert ops.plan(x.shape, 8, x.dtype, "fwd", 1, aligned=False).tiling.vec == 1
     check_rounds(x, w, b, 8, 2, 3, "silu")
 
 
