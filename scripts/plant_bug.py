@@ -220,9 +220,9 @@ PLANTINGS = {
     ),
     "onepass-flag-skip": Planting(
         "gn_forward.cu",
-        "      if (!last && threadIdx.x == 0) {\n"
-        "        while (load_acquire(flags(a, task)) != flag) __nanosleep(32);\n      }\n",
-        "      // PLANTED: the members combine without waiting for the task's flag\n",
+        "  if (!last && threadIdx.x == 0) {\n"
+        "    while (load_acquire(flags(a, task)) != flag) __nanosleep(32);\n  }\n",
+        "  // PLANTED: the members combine without waiting for the task's flag\n",
         "flag teams (the one-launch forward's cooperative teams): each member combines its task's tile "
         "partials as soon as it has arrived itself, without waiting for the last member's flag, so it "
         "sums whatever the workspace held for the members still reducing (poison, or an earlier launch's "
