@@ -14,6 +14,7 @@ namespace gn {
 // cooperative launch, grid <= residency: schedule.make_task_plan).
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
+  warm_params(a);
   const TaskSmem<T> sm(a, 2);
   const TeamPlace<true> place(a);
   const int team = place.team, member = place.member;

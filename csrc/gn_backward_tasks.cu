@@ -24,6 +24,7 @@ constexpr bool kColdRowsBuilt = true;
 template <typename T, int V, typename TW = T, bool kColdRows = false>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
   let_dependents_in();
+  warm_params(a);
   const TaskSmem<T, TW> sm(a, 2);
   const TeamPlace<true> place(a);
   const int team = place.team, member = place.member;
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
 
 template <typename T, int V, typename TW = T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
+  warm_params(a);
   const TaskSmem<T, TW> sm(a, 2);
   const TeamPlace<true> place(a);
   const int team = place.team, member = place.member;

@@ -255,6 +255,7 @@ __device__ int64_t member_rounds_streamed(const GnArgs& a, int team, int64_t t0,
 template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
+  warm_params(a);
   const TaskSmem<T> sm(a);
   __shared__ unsigned flag;  // this launch's flag value of the current task (thread 0's: arrive)
   const TeamPlace<> place(a);
@@ -305,6 +306,7 @@ template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (below sm_90 never launched: an empty body compiles at once)
   trace_point(a, 0);  // the trace points of fwd_task_onepass's one round
+  warm_params(a);
   const TaskSmem<T> sm(a);
   const TeamPlace<> place(a);  // (one task per team: the team is the task)
   const int task = place.team, member = place.member;
@@ -354,6 +356,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   let_dependents_in();
   trace_point(a, 0);
+  warm_params(a);
   const TaskSmem<T> sm(a);
   const TeamPlace<> place(a);
   const int team = place.team, member = place.member;
@@ -383,6 +386,7 @@ template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   if (kTimeline) trace_point(a, 9);  // (timeline builds: 9 start, 10 statistics in, 11 end; rows shared
                                      // with the stats launch's points 0, 5-8 and 12-15)
+  warm_params(a);
   const TaskSmem<T> sm(a);
   const TeamPlace<> place(a);
   const int team = place.team, member = place.member;

@@ -183,6 +183,24 @@ __device__ __forceinline__ void stagger_start(const GnArgs& a, int team) {
   __syncthreads();
 }
 
+// The experiment -DGN_EXP_WARM_PARAMS=1 (off by default): each task kernel first loads one field of every
+// 64-byte line of GnArgs its prologue reads, all at once, so their constant-cache misses overlap. The
+// default sm_90 prologue of fwd_task_onepass first touches two of its six lines after the stagger's
+// barrier, behind loads of the others (RESULTS.md session 42): the small shapes spend 1.2-2.0 us before
+// their first copy. The fields meet in a condition the compiler cannot decide (x is never null, the others
+// are not negative, so the sum is never 0), which keeps the loads.
+#ifndef GN_EXP_WARM_PARAMS
+#define GN_EXP_WARM_PARAMS 0
+#endif
+__device__ __forceinline__ void warm_params(const GnArgs& a) {
+  if constexpr (GN_EXP_WARM_PARAMS != 0) {
+    const uint64_t sum = reinterpret_cast<uintptr_t>(a.x) + static_cast<uint64_t>(a.s) +
+                         static_cast<uint64_t>(a.rows_per_tile) + static_cast<uint64_t>(a.slots) +
+                         static_cast<uint64_t>(a.window) + a.team_size_mul;
+    if (sum == 0) asm volatile("membar.cta;" ::: "memory");
+  }
+}
+
 // ---------------------------------------------------------------- task geometry
 // Divisions come precomputed from the schedule (GnArgs' derived fields) or are 32-bit: a 64-bit
 // division is a long dependent call, and a block's prologue had several before its first copy
