@@ -1,6 +1,7 @@
 """A small workload for compute-sanitizer: both schedules, forward and backward, caps 1, 7 and
-natural, every dtype, with and without SiLU and affine parameters, and the wide launches under CUDA
-autocast (float16/bfloat16 x, float32 y and dy). Exits non-zero on a wrong result."""
+natural, every dtype, with and without SiLU and affine parameters, a one launch of several rounds whose
+members keep their chunks, and the wide launches under CUDA autocast (float16/bfloat16 x, float32 y and
+dy). Exits non-zero on a wrong result."""
 
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ def main() -> None:
         for shape, groups in (((2, 64, 24, 20), 8), ((1, 96, 9, 11), 32)):
             x = channels_last(torch.randn(shape, device="cuda").to(dtype))
             check(x, groups, torch.randn_like(x), None)
+    # at cap 7 the one-launch forward runs 1 team of 7 members for 2 rounds, each member's chunks kept on
+    # chip (what -DGN_EXP_STREAMED_ROUNDS=1 runs as one stream per member)
+    x = channels_last(torch.randn((2, 64, 64, 64), device="cuda").to(torch.float16))
+    check(x, 8, torch.randn_like(x), None)
     for dtype in (torch.float16, torch.bfloat16):  # the wide launches: float32 y and dy
         x = channels_last(torch.randn((2, 128, 24, 20), device="cuda").to(dtype))
         check(x, 32, channels_last(torch.randn(x.shape, device="cuda")), dtype)
