@@ -268,7 +268,13 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
     stagger_start(a, team);
     int round = 0;
 #if GN_EXP_STREAMED_ROUNDS
-    if (static_cast<int>(t1 - t0) * chunks_per_tile(a) <= a.slots && team + a.teams < task_count(a)) {
+    // The whole team streams or none of it does (its largest member's chunks, schedule.member_tiles: ceil):
+    // a lockstep last member raises the flag before it stores mean/rstd, which a published stream's
+    // members would read at the flag (GN_EXP_STREAMED_PUBLISH).
+    const int team_chunks =
+        fast_div(static_cast<int>(a.tiles_per_task) + a.team_size - 1, a.team_size_mul, a.team_size_shift) *
+        chunks_per_tile(a);
+    if (team_chunks <= a.slots && team + a.teams < task_count(a)) {
       tiles_done = member_rounds_streamed<T, V, TY>(a, team, t0, t1, sm, flag);
     } else
 #endif

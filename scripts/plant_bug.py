@@ -218,6 +218,16 @@ PLANTINGS = {
         "it sums whatever the workspace held (poison, or an earlier launch's partials)",
         "cluster", False,
     ),
+    "streamed-reader-stuck": Planting(
+        "gn_forward.cu", "    if (read_task < task_count(a) && lane.active) {",
+        "    if (read_task == team && lane.active) {  // PLANTED: the stream never reads past its first task",
+        "the one-launch forward's streamed rounds (a build with -DGN_EXP_STREAMED_ROUNDS=1 only, "
+        "member_rounds_streamed): a member's reader stops at its first task, so every later round sums and "
+        "applies whatever its slots still hold of earlier rounds; the default build (lockstep rounds) is "
+        "unaffected. Its catcher: tests/gpu/test_onepass_rounds.py under that build (GN_NVCC_FLAGS)",
+        # (the plugin's suite runs the default build: this -k is for that test file, GN_PLANTED_TESTS)
+        "rounds_kept_on_chip", False,
+    ),
     "onepass-flag-skip": Planting(
         "gn_forward.cu",
         "  if (!last && threadIdx.x == 0) {\n"

@@ -9,6 +9,9 @@ python scripts/profile_tasks.py --once-bwd   # one backward per shape (its plan'
 
 GN_PROFILE_SHAPES="1x128x1024x2048:G16,32x128x240x256" replaces the fixed shapes (scripts/time_shapes.py's
 format: NxCxHxW[:G<groups>][:silu]), e.g. to time the stats launch on ranges that are not powers of two.
+GN_PROFILE_SAMPLE_TILES=N and GN_PROFILE_LAUNCH_TILES=N set the tile budgets as time_shapes.py's
+--sample-tiles and --launch-tiles do (an experiment's tilings: 1x512x256x256 at 1024 per sample runs one
+team of 256 for 4 rounds).
 Before each profiled or traced call the L2 is flushed as the benchmark does (a read); until session 40 it
 was a write (zeroing 256 MiB), whose dirty lines were written back inside the measured launches.
 """
@@ -42,6 +45,15 @@ if os.environ.get("GN_PROFILE_SHAPES"):
     from time_shapes import parse  # this folder is sys.path[0] when run as a script
 
     SHAPES = [parse(s) for s in os.environ["GN_PROFILE_SHAPES"].split(",") if s]
+if os.environ.get("GN_PROFILE_SAMPLE_TILES") or os.environ.get("GN_PROFILE_LAUNCH_TILES"):
+    from time_shapes import set_tile_budgets
+
+    set_tile_budgets(
+        *(
+            int(os.environ[k]) if os.environ.get(k) else None
+            for k in ("GN_PROFILE_SAMPLE_TILES", "GN_PROFILE_LAUNCH_TILES")
+        )
+    )
 
 
 #: One-pass trace points per round r: 1+4r stats done, 2+4r arrived, 3+4r mean/rstd in smem, 4+4r applied.

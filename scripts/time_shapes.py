@@ -2,6 +2,7 @@
 
     python scripts/time_shapes.py 32x320x64x64 32x128x256x256:G32 1x512x128x128:G32:silu [--dtype fp16]
         [--directions fwd,bwd] [--passes auto,1,2] [--json PATH] [--no-flush] [--launch-tiles N]
+        [--sample-tiles N]
 
 Each shape is NxCxHxW (or NxCxDxHxW), optionally followed by :G<groups> (default 32) and an
 activation (:silu, :relu, :gelu, :gelu_tanh; both directions run it). The timer is the benchmark's
@@ -14,6 +15,8 @@ back in L2 while x, dy and the statistics are not, so the difference to a plain 
 cold code costs the small shapes. `--launch-tiles N` sets the tile budget of a launch
 (schedule.MAX_TILES_PER_LAUNCH) for the run, an experiment with other tilings: 8192 gives
 32x128x256x256 tiles of 256 rows, 4 chunks, so one team of 256 holds a whole sample on chip.
+`--sample-tiles N` sets a sample's tile budget (schedule.MAX_TILES_PER_SAMPLE, shared by its windows):
+1024 gives 1x512x256x256's four 16 MiB windows 256 tiles of 4 chunks each, the same one team of 256.
 """
 
 from __future__ import annotations
@@ -29,6 +32,21 @@ from gn_module import _abi, ops, schedule
 from gn_module.bench.timing import EventTimer, copy_bandwidth, time_cuda
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def set_tile_budgets(sample: int | None, launch: int | None) -> None:
+    """An experiment's tile budgets for this process (None: the default): a sample's
+    (schedule.MAX_TILES_PER_SAMPLE) and a launch's in both directions (schedule.MAX_TILES_PER_LAUNCH).
+    Other tilings sum in another order, so their bits are not the default's."""
+    for name, value in (("--sample-tiles", sample), ("--launch-tiles", launch)):
+        if value is not None and value < 1:
+            raise SystemExit(f"{name} must be >= 1, got {value}")
+    if sample is not None:
+        schedule.MAX_TILES_PER_SAMPLE = sample
+        print(f"tile budget per sample: {sample} (schedule.MAX_TILES_PER_SAMPLE, this process)")
+    if launch is not None:
+        schedule.MAX_TILES_PER_LAUNCH.update(fwd=launch, bwd=launch)
+        print(f"tile budget per launch: {launch} (schedule.MAX_TILES_PER_LAUNCH, this process)")
 
 
 def parse(spec: str) -> tuple[tuple[int, ...], int, str | None]:
@@ -145,12 +163,15 @@ def main() -> int:
         help="an experiment: tile budget of a launch in both directions (schedule.MAX_TILES_PER_LAUNCH) for "
         "this process; other tilings, so other bits than the default's",
     )
+    ap.add_argument(
+        "--sample-tiles",
+        type=int,
+        metavar="N",
+        help="an experiment: tile budget of one sample, shared by its windows "
+        "(schedule.MAX_TILES_PER_SAMPLE) for this process; other tilings, so other bits than the default's",
+    )
     args = ap.parse_args()
-    if args.launch_tiles is not None:
-        if args.launch_tiles < 1:
-            raise SystemExit(f"--launch-tiles must be >= 1, got {args.launch_tiles}")
-        schedule.MAX_TILES_PER_LAUNCH.update(fwd=args.launch_tiles, bwd=args.launch_tiles)
-        print(f"tile budget per launch: {args.launch_tiles} (schedule.MAX_TILES_PER_LAUNCH, this process)")
+    set_tile_budgets(args.sample_tiles, args.launch_tiles)
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()), flush=not args.no_flush)
     copy = copy_bandwidth(timer=timer).tbps
     print(f"copy bandwidth {copy:.3f} TB/s")
