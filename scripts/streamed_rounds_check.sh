@@ -9,7 +9,10 @@
 # 256 for 32 and 4 rounds); traces the rounds' phases per block; and times the one-launch backward
 # (GN_ARCH=tasks+bwd1) on the same tilings. Logs under OUT, the lines to read in OUT/summary.txt.
 #   bash scripts/streamed_rounds_check.sh OUT
-# Environment: STREAMED_SHAPES (time_shapes.py specs, space-separated), STREAMED_SKIP_TESTS=1.
+# Environment: STREAMED_SHAPES (time_shapes.py specs, space-separated); STREAMED_PARTS, the parts to run
+# (default "tests fwd bwd"; "suite", about 10 minutes and so a call of its own, is what making the streamed
+# rounds the default needs: the GPU suite, the sweep's task cases and compute-sanitizer, all under the
+# streamed build).
 set -uo pipefail
 out=${1:?usage: streamed_rounds_check.sh OUT}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
@@ -19,6 +22,8 @@ S="-DGN_EXP_STREAMED_ROUNDS=1"
 P="-DGN_EXP_STREAMED_ROUNDS=1 -DGN_EXP_STREAMED_PUBLISH=1"
 shapes=${STREAMED_SHAPES:-"16x256x128x128 8x512x128x128 16x512x64x64 4x256x128x128 4x128x256x256 32x128x256x256"}
 status=0
+parts=" ${STREAMED_PARTS:-tests fwd bwd} "
+want() { [[ $parts == *" $1 "* ]]; }
 step() { echo "== $(date +%T) $*" | tee -a "$out/summary.txt"; }
 flags_of() { case $1 in default) echo "" ;; streamed) echo "$S" ;; publish) echo "$P" ;; esac; }
 rows() { grep -E " us |plan|budget" "$1" >>"$out/summary.txt"; }
@@ -35,7 +40,7 @@ for v in default streamed publish planted; do
   [ -s "$out/build_$v.log" ] && { echo "build $v:"; tail -n 3 "$out/build_$v.log"; } >>"$out/summary.txt"
 done
 
-if [ -z "${STREAMED_SKIP_TESTS:-}" ]; then
+if want tests; then
   step "GPU tests under the streamed build"
   GN_NVCC_FLAGS="$S" timeout 240 python3 -m pytest -q -p xdist -n 8 tests/gpu/test_onepass_rounds.py \
     tests/gpu/test_kernels.py tests/gpu/test_task_sync.py tests/gpu/test_team_stagger.py \
@@ -52,6 +57,7 @@ if [ -z "${STREAMED_SKIP_TESTS:-}" ]; then
 fi
 
 for v in default streamed publish; do
+  want fwd || break
   F=$(flags_of $v)
   step "forward, $v: one launch against two"
   # shellcheck disable=SC2086  # (the shapes are separate arguments)
@@ -71,15 +77,31 @@ for v in default streamed publish; do
     python3 scripts/profile_tasks.py --trace >"$out/trace_sample1024_$v.log" 2>&1 || status=1
 done
 
-step "backward, one launch (GN_ARCH=tasks+bwd1) against two, default build"
+want bwd && step "backward, one launch (GN_ARCH=tasks+bwd1) against two, default build"
 for lt in 4096 8192; do  # (4096: the backward's default launch budget)
+  want bwd || break
   GN_ARCH=tasks+bwd1 timeout 150 python3 scripts/time_shapes.py 32x128x256x256 4x128x256x256 --launch-tiles $lt \
     --directions bwd --passes 1,2 --json "$out/bwd1_launch$lt.json" >"$out/bwd1_launch$lt.log" 2>&1 || status=1
   rows "$out/bwd1_launch$lt.log"
 done
-GN_ARCH=tasks+bwd1 timeout 60 python3 scripts/time_shapes.py 1x512x256x256:silu --sample-tiles 1024 \
-  --directions bwd --passes 1,2 --json "$out/bwd1_sample1024.json" >"$out/bwd1_sample1024.log" 2>&1 || status=1
-rows "$out/bwd1_sample1024.log"
+if want bwd; then
+  GN_ARCH=tasks+bwd1 timeout 60 python3 scripts/time_shapes.py 1x512x256x256:silu --sample-tiles 1024 \
+    --directions bwd --passes 1,2 --json "$out/bwd1_sample1024.json" >"$out/bwd1_sample1024.log" 2>&1 || status=1
+  rows "$out/bwd1_sample1024.log"
+fi
 rm -rf "$(dirname "$planted")"
+if want suite; then
+  step "the GPU suite under the streamed build"
+  GN_NVCC_FLAGS="$S" timeout 400 python3 -m pytest -q -p xdist -n 8 tests/gpu >"$out/suite.log" 2>&1 || status=1
+  tail -n 2 "$out/suite.log" >>"$out/summary.txt"
+  step "the sweep's task cases under the streamed build"
+  GN_NVCC_FLAGS="$S" timeout 300 python3 scripts/prebuild.py >"$out/prebuild.log" 2>&1 || status=1
+  GN_NVCC_FLAGS="$S" timeout 500 python3 -m pytest -q -p xdist -n 8 --gn-arch-sweep --gn-arch tasks \
+    >"$out/sweep.log" 2>&1 || status=1
+  tail -n 2 "$out/sweep.log" >>"$out/summary.txt"
+  step "compute-sanitizer under the streamed build"
+  GN_NVCC_FLAGS="$S" timeout 500 bash scripts/sanitize.sh "$out/san" >"$out/sanitize.log" 2>&1 || status=1
+  tail -n 6 "$out/sanitize.log" >>"$out/summary.txt"
+fi
 step "done (status $status)"
 exit $status
