@@ -10,28 +10,24 @@
 #   bash scripts/small_latency_check.sh OUT
 # Environment: SMALL_ROUNDS (default 2), SMALL_SKIP_MICRO=1.
 set -uo pipefail
-out=${1:?usage: small_latency_check.sh OUT}
-mkdir -p "$out" && out=$(cd "$out" && pwd)
-export PYTHONUNBUFFERED=1
-export GN_CACHE_DIR=${GN_CACHE_DIR:-/tmp/gncache}
+# shellcheck source=scripts/gpu_call.sh
+source "$(dirname "$0")/gpu_call.sh"
+gpu_call_setup small_latency_check.sh "${1:-}"
 W="-DGN_EXP_WARM_PARAMS=1"
 T="-DGN_TRACE_PROLOGUE"
 G="-DGN_EXP_BWD_GROUP_MAJOR=1"
 small="2x1280x16x16:silu 2x640x32x32:silu 2x320x64x64:silu 1x512x128x128:silu"
 bwd="1x128x1024x2048:G16 1x128x1024x1024:silu 32x128x256x256 1x512x128x128:silu 2x320x64x64:silu"
 status=0
-step() { echo "== $(date +%T) $*" | tee -a "$out/summary.txt"; }
-rows() { grep -E " us " "$1" >>"$out/summary.txt"; }
 
 step "builds: default, warm, trace, trace + warm, group-major"
-build='import torch; from gn_module import build; build.build(None, torch.cuda.get_device_capability(), quiet=True)'
-n=0
-for flags in "" "$W" "$T" "$T $W" "$G"; do
-  n=$((n + 1))
-  GN_NVCC_FLAGS="$flags" timeout 300 python3 -c "$build" >"$out/build_$n.log" 2>&1 &
-done
+build_native default
+GN_NVCC_FLAGS="$W" build_native warm
+GN_NVCC_FLAGS="$T" build_native trace
+GN_NVCC_FLAGS="$T $W" build_native trace_warm
+GN_NVCC_FLAGS="$G" build_native group_major
 wait
-for i in $(seq $n); do [ -s "$out/build_$i.log" ] && { echo "build $i:"; tail -n 3 "$out/build_$i.log"; } >>"$out/summary.txt"; done
+builds_done default warm trace trace_warm group_major
 
 for round in $(seq "${SMALL_ROUNDS:-2}"); do
   for v in default warm; do

@@ -14,31 +14,23 @@
 # rounds the default needs: the GPU suite, the sweep's task cases and compute-sanitizer, all under the
 # streamed build).
 set -uo pipefail
-out=${1:?usage: streamed_rounds_check.sh OUT}
-mkdir -p "$out" && out=$(cd "$out" && pwd)
-export PYTHONUNBUFFERED=1
-export GN_CACHE_DIR=${GN_CACHE_DIR:-/tmp/gncache}
+# shellcheck source=scripts/gpu_call.sh
+source "$(dirname "$0")/gpu_call.sh"
+gpu_call_setup streamed_rounds_check.sh "${1:-}"
 S="-DGN_EXP_STREAMED_ROUNDS=1"
 P="-DGN_EXP_STREAMED_ROUNDS=1 -DGN_EXP_STREAMED_PUBLISH=1"
 shapes=${STREAMED_SHAPES:-"16x256x128x128 8x512x128x128 16x512x64x64 4x256x128x128 4x128x256x256 32x128x256x256"}
 status=0
 parts=" ${STREAMED_PARTS:-tests fwd bwd} "
 want() { [[ $parts == *" $1 "* ]]; }
-step() { echo "== $(date +%T) $*" | tee -a "$out/summary.txt"; }
 flags_of() { case $1 in default) echo "" ;; streamed) echo "$S" ;; publish) echo "$P" ;; esac; }
-rows() { grep -E " us |plan|budget" "$1" >>"$out/summary.txt"; }
 
 step "builds: default, streamed, publish, streamed + streamed-reader-stuck"
 planted=$(python3 scripts/plant_bug.py streamed-reader-stuck) || { echo "planting failed"; exit 1; }
-build='import torch; from gn_module import build; build.build(None, torch.cuda.get_device_capability(), quiet=True)'
-for v in default streamed publish; do
-  GN_NVCC_FLAGS="$(flags_of $v)" timeout 300 python3 -c "$build" >"$out/build_$v.log" 2>&1 &
-done
-GN_NVCC_FLAGS="$S" GN_CSRC_DIR="$planted" timeout 300 python3 -c "$build" >"$out/build_planted.log" 2>&1 &
+for v in default streamed publish; do GN_NVCC_FLAGS="$(flags_of $v)" build_native $v; done
+GN_NVCC_FLAGS="$S" GN_CSRC_DIR="$planted" build_native planted
 wait
-for v in default streamed publish planted; do
-  [ -s "$out/build_$v.log" ] && { echo "build $v:"; tail -n 3 "$out/build_$v.log"; } >>"$out/summary.txt"
-done
+builds_done default streamed publish planted
 
 if want tests; then
   step "GPU tests under the streamed build"

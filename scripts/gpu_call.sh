@@ -1,0 +1,34 @@
+# Shared by the scripts that are one GPU call each (streamed_rounds_check.sh, small_latency_check.sh); they
+# source it after `set -uo pipefail`:
+#   gpu_call_setup NAME OUT    $out (absolute, created), PYTHONUNBUFFERED, GN_CACHE_DIR (default /tmp/gncache)
+#   step TEXT...               a timestamped line on stdout and in $out/summary.txt
+#   rows LOG [PATTERN]         a timing log's rows (time_shapes.py's timings and tile budgets, or PATTERN)
+#                              into the summary
+#   build_native NAME          the native library of this environment (GN_NVCC_FLAGS, GN_CSRC_DIR) in the
+#                              background, logged to $out/build_NAME.log; `wait`, then `builds_done NAMES...`
+#   builds_done NAME...        each failed build's last lines into the summary
+
+gpu_call_setup() {
+  out=${2:?usage: $1 OUT}
+  mkdir -p "$out" && out=$(cd "$out" && pwd)
+  export PYTHONUNBUFFERED=1
+  export GN_CACHE_DIR=${GN_CACHE_DIR:-/tmp/gncache}
+}
+
+step() { echo "== $(date +%T) $*" | tee -a "$out/summary.txt"; }
+
+rows() { grep -E "${2:- us |tile budget}" "$1" >>"$out/summary.txt"; }
+
+build_native() {
+  timeout 300 python3 -c 'import torch; from gn_module import build
+build.build(None, torch.cuda.get_device_capability(), quiet=True)' >"$out/build_$1.log" 2>&1 &
+}
+
+builds_done() {
+  local name
+  for name in "$@"; do
+    if [ -s "$out/build_$name.log" ]; then
+      { echo "build $name:"; tail -n 3 "$out/build_$name.log"; } >>"$out/summary.txt"
+    fi
+  done
+}
