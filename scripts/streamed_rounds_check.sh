@@ -62,6 +62,14 @@ for v in default streamed publish; do
   GN_NVCC_FLAGS="$F" timeout 60 python3 scripts/time_shapes.py 1x512x256x256:silu --sample-tiles 1024 \
     --directions fwd --passes 1,2 --json "$out/ts_sample1024_$v.json" >"$out/ts_sample1024_$v.log" 2>&1 || status=1
   rows "$out/ts_sample1024_$v.log"
+  # more plans the candidate tiling (tiles of at most 4 chunks in tasks of up to 16 MiB) turns from re-reading
+  # into keeping every chunk: an AutoencoderKL decoder's 4x256x256x256, and 64x128x128x128
+  GN_NVCC_FLAGS="$F" timeout 60 python3 scripts/time_shapes.py 4x256x256x256:silu --sample-tiles 512 \
+    --directions fwd --passes 1,2 --json "$out/ts_vae_$v.json" >"$out/ts_vae_$v.log" 2>&1 || status=1
+  rows "$out/ts_vae_$v.log"
+  GN_NVCC_FLAGS="$F" timeout 60 python3 scripts/time_shapes.py 64x128x128x128 --launch-tiles 4096 \
+    --directions fwd --passes 1,2 --json "$out/ts_b64_$v.json" >"$out/ts_b64_$v.log" 2>&1 || status=1
+  rows "$out/ts_b64_$v.log"
   step "traces, $v"
   GN_NVCC_FLAGS="$F" GN_PROFILE_SHAPES=16x256x128x128,4x128x256x256 timeout 90 python3 scripts/profile_tasks.py \
     --trace >"$out/trace_$v.log" 2>&1 || status=1
