@@ -125,6 +125,33 @@ def test_scalar_path_rounds_kept_on_chip():
     check_rounds(x, w, b, 8, 2, 3, "silu")
 
 
+def test_a_team_whose_larger_members_overflow_runs_in_lockstep():
+    """Members of one team differ by a tile: here 6 and 7 chunks of a task against 6 slots, so the 7-chunk
+    member re-reads one chunk per task. Under every build the team runs one protocol (csrc fwd_task_onepass,
+    team_chunks: here the lockstep rounds); when session 42's rule let the 6-chunk member stream, a
+    -DGN_EXP_STREAMED_PUBLISH=1 build's streamed member read mean/rstd at the flag that the lockstep last
+    member raises before storing them (poisoned here). The record counts the same re-reads either way."""
+    x, w, b, _ = make_case((4, 128, 26, 32), 32, torch.float16, mean=3.0)
+    ops._launches.clear()
+    with pytest.MonkeyPatch.context() as mp, ops.max_resident_blocks(4):
+        mp.setattr(schedule, "choose_teams", forced_teams(2))
+        p = ops.plan(x.shape, 32, x.dtype, "fwd", 1)
+        assert isinstance(p, schedule.TaskPlan) and p.teams is not None and p.teams.rounds == 2
+        chunks = schedule.task_member_chunks(p.tiling, 2)
+        if not min(chunks) <= p.slots < max(chunks):
+            pytest.skip(f"this GPU's {p.slots} slots do not split a team of {chunks} chunks per member")
+        with ops.team_stagger(0), ops.launch_record() as rec:
+            got = forward(x, w, b, 32, "silu", 1)
+        r = rec["fwd"]
+        assert r["tiles_phase1"] == r["tiles_applied"] == p.tiles
+        assert r["chunks_reread"] == schedule.task_reread_chunks(p) > 0
+    ops._launches.clear()
+    two = forward(x, w, b, 32, "silu", 2)
+    reference.compare(got[0], reference.forward(x, 32, w, b, 1e-5, "silu"), x.dtype, "y")
+    for name, a, t in zip(("y", "mean", "rstd"), got, two, strict=True):
+        assert torch.equal(a, t), f"{name} differs from the two launches"
+
+
 def test_team_sizes_agree():
     """Teams of other sizes (other chunks per member, other rounds, other spare slots) give the same bits."""
     x, w, b, _ = make_case((8, 128, 32, 32), 32, torch.float16, mean=3.0)
