@@ -4,17 +4,12 @@ the next GPU session's experiments ask for, and the refusal of a budget below 1.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from script_loader import load_script
 
 from gn_module import profiles, schedule
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("time_shapes", ROOT / "scripts" / "time_shapes.py")
-ts = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(ts)  # type: ignore[union-attr]
+ts = load_script("time_shapes")
 
 
 @pytest.fixture(autouse=True)

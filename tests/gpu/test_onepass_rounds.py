@@ -10,22 +10,15 @@ rounds than others, several windows per sample, partial chunks, 3-D input, the s
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from script_loader import load_script
 
 from gn_module import _abi, ops, reference, schedule
 
 from .test_kernels import make_case
 
-_spec = importlib.util.spec_from_file_location(
-    "l2_team_sweep", Path(__file__).resolve().parents[2] / "scripts" / "l2_team_sweep.py"
-)
-_sweep = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(_sweep)  # type: ignore[union-attr]
-forced_teams = _sweep.forced_teams
+forced_teams = load_script("l2_team_sweep").forced_teams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

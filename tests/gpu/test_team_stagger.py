@@ -6,11 +6,9 @@ delay reaches the kernel."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from script_loader import load_script
 
 import gn_module
 from gn_module import ops, reference, schedule
@@ -18,12 +16,7 @@ from gn_module import ops, reference, schedule
 from .test_kernels import check_against_reference, make_case, run, shape_id
 
 # the team sizes forced as scripts/l2_team_sweep.py forces them (one definition of a forced plan)
-_spec = importlib.util.spec_from_file_location(
-    "l2_team_sweep", Path(__file__).resolve().parents[2] / "scripts" / "l2_team_sweep.py"
-)
-_sweep = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(_sweep)  # type: ignore[union-attr]
-forced_teams = _sweep.forced_teams
+forced_teams = load_script("l2_team_sweep").forced_teams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
