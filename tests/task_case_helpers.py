@@ -6,10 +6,8 @@ checks every case's geometry passes; and the stand-ins the runner's tests put fo
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_loader import load_script
 
 from gn_module import profiles, schedule
 from gn_module.schedule import TaskPlan, TaskTiling
@@ -209,11 +208,7 @@ def seconds_to_resolve(resolve: Callable[[CaseSpec], GnCase], specs: Iterable[Ca
 
 def plant_bug() -> ModuleType:
     """scripts/plant_bug.py, imported."""
-    spec = importlib.util.spec_from_file_location("plant_bug", ROOT / "scripts" / "plant_bug.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plant_bug"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("plant_bug", register=True)
 
 
 # ------------------------------------------------------------------ the runner's tests

@@ -4,7 +4,6 @@ where there is no CUDA device (the profile itself runs on the GPU machine)."""
 from __future__ import annotations
 
 import cProfile
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "compile_host_profile.py"
-_spec = importlib.util.spec_from_file_location("compile_host_profile", SCRIPT)
-chp = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(chp)  # type: ignore[union-attr]
+chp = load_script("compile_host_profile")
 
 
 def test_defaults_are_the_compiled_unet_rows() -> None:

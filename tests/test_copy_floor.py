@@ -3,22 +3,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 from gn_module.bench.cases import Case, bytes_moved
 from gn_module.bench.timing import throughput_tbps
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "copy_floor.py"
-_spec = importlib.util.spec_from_file_location("copy_floor", SCRIPT)
-cf = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(cf)  # type: ignore[union-attr]
+cf = load_script("copy_floor")
 
 COPY_TBPS = 4.25
 MID16 = Case((1, 512, 128, 128), 32, "silu")  # 16 MiB fp16: mid, <= 24 MiB

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
 import itertools
 import json
 import os
@@ -21,15 +20,13 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
+from script_loader import load_script
 
 import gn_module
 from gn_module import _abi, functional, ops, schedule
 from gn_module.functional import _fast_route, channels_last_view, check_args
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("host_overhead", ROOT / "scripts" / "host_overhead.py")
-host_overhead = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(host_overhead)  # type: ignore[union-attr]
+host_overhead = load_script("host_overhead")
 
 POINTERS = set(_abi.POINTER_FIELDS) | {"sync", "trace"}
 

@@ -3,7 +3,6 @@ the launches' balance) and the refusal to run on a build whose trace points read
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "launch_timeline.py"
-_spec = importlib.util.spec_from_file_location("launch_timeline", SCRIPT)
-lt = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(lt)  # type: ignore[union-attr]
+lt = load_script("launch_timeline")
 
 
 def trace(rows: list[dict[int, int]]) -> torch.Tensor:

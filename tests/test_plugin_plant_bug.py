@@ -3,27 +3,19 @@ GPU demonstrations of issue 11 depend on these sites), and planting changes exac
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "plant_bug.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("plant_bug", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plant_bug"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-plant_bug = _module()
+plant_bug = load_script("plant_bug", register=True)
 
 #: The source whose kernels instantiate each task planting's site (csrc/gn_tasks.cuh's device functions).
 TASK_PLANTING_SOURCES = {

@@ -3,7 +3,6 @@ profiler linked to no op still count, the rendered difference, and a clear exit 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "step_kernels.py"
-_spec = importlib.util.spec_from_file_location("step_kernels", SCRIPT)
-sk = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(sk)  # type: ignore[union-attr]
+sk = load_script("step_kernels")
 
 
 @dataclass

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from script_loader import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("variance_probe", ROOT / "scripts" / "variance_probe.py")
-vp = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(vp)  # type: ignore[union-attr]
+vp = load_script("variance_probe")
 
 
 def test_sets_that_repeat_but_differ_follow_the_addresses() -> None:
