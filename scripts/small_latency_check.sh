@@ -5,9 +5,8 @@
 # all at once. Then it times the small forwards and backwards with and without the warmed parameters in
 # alternating rounds, traces the one-launch forward's prologue with and without them, runs the backward's
 # GPU tests under the group-major build and times the backward with it, and runs the micro-benchmark's bulk
-# store section (k_stream_bulkstore against st.global.cs, for branch exp/bulk-store-apply). It also times
-# one-round one launches with an explicit team stagger (1x512x128x128, 2x320x64x64: schedule.team_stagger).
-# Logs under OUT, the lines to read in OUT/summary.txt.
+# store section (k_stream_bulkstore against st.global.cs, for branch exp/bulk-store-apply). Logs under OUT,
+# the lines to read in OUT/summary.txt.
 #   bash scripts/small_latency_check.sh OUT
 # Environment: SMALL_ROUNDS (default 2), SMALL_SKIP_MICRO=1.
 set -uo pipefail
@@ -40,15 +39,6 @@ for round in $(seq "${SMALL_ROUNDS:-2}"); do
       --json "$out/small_${v}_$round.json" >"$out/small_${v}_$round.log" 2>&1 || status=1
     rows "$out/small_${v}_$round.log"
   done
-done
-
-step "one-round plans staggered (an explicit GN_TEAM_STAGGER=NS:PHASES; 0 is off), one launch"
-for stagger in 0 1500:2 3000:2 5000:2 2000:4; do
-  GN_TEAM_STAGGER=$stagger timeout 60 python3 scripts/time_shapes.py 1x512x128x128:silu 2x320x64x64:silu \
-    --directions fwd --passes 1 --json "$out/stagger_${stagger/:/_}.json" >"$out/stagger_${stagger/:/_}.log" 2>&1 ||
-    status=1
-  echo "GN_TEAM_STAGGER=$stagger" >>"$out/summary.txt"
-  rows "$out/stagger_${stagger/:/_}.log"
 done
 
 step "prologue traces, without and with the warmed parameters"

@@ -956,14 +956,11 @@ def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]
     """(stagger_ns, stagger_phases) of GnArgs for plan `p` when a team stagger of `ns` nanoseconds in
     `phases` phases is asked for (ops.team_stagger): team j of a one-launch plan starts its first
     task (j % phases) * ns late. ns="auto": `auto_stagger_ns` where the teams fit `stagger_fits`, else
-    none. Only a one launch of several teams has teams that can take turns; any other plan gets (0, 0).
-    The automatic stagger takes plans of several rounds only. An explicit `ns` also staggers a one-round
-    plan (an experiment, session 43, unmeasured: 1x512x128x128's late teams would read while the others
-    wait for their statistics and apply), but not one that runs as thread-block clusters
-    (`cluster_teams_fit`), whose kernel has no stagger. The tiles, their order and so the bits are the
-    same either way. (Session 20, H200: 32x128x256x256 in 4 teams of 64 at 16 us in 2 phases, 381-386 us
-    against 410-414 unstaggered and 418-420 us for the two launches; benchmarks/RESULTS.md.)"""
-    explicit = ns != "auto"
+    none. Only a plan of several teams that each run several rounds has teams that can take turns; any
+    other plan gets (0, 0). The tiles, their order and so the bits are the same either way. (Session 20,
+    H200: 32x128x256x256 in 4 teams of 64 at 16 us in 2 phases, 381-386 us against 410-414 unstaggered
+    and 418-420 us for the two launches; benchmarks/RESULTS.md. Staggering one-round plans lost, session
+    44: 1x512x128x128 23.2 us unstaggered, 23.3-26.8 us at 1.5-5 us in 2 phases.)"""
     if ns == "auto":
         auto = p.teams is not None and stagger_fits(p.teams, p.direction)
         ns = auto_stagger_ns(p) if auto else 0
@@ -976,7 +973,7 @@ def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]
         and p.schedule == 1
         and teams is not None
         and teams.teams > 1
-        and (teams.rounds > 1 or (explicit and not cluster_teams_fit(p)))
+        and teams.rounds > 1
     )
     return (min(ns, 2**31 - 1), phases) if staggered else (0, 0)
 
