@@ -125,7 +125,8 @@ __device__ __forceinline__ void team_statistics_published(const GnArgs& a, int64
 }
 
 // The experiment -DGN_EXP_STREAMED_ROUNDS=1 (off by default): a member of a several-round one launch whose
-// chunks of a task fit its slots runs its rounds as one stream (member_rounds_streamed).
+// chunks of a task fit its slots runs its rounds as one stream (member_rounds_streamed). H200, session 44:
+// 10-22 % faster than the lockstep rounds, still 5-46 % slower than the two launches (RESULTS.md).
 #ifndef GN_EXP_STREAMED_ROUNDS
 #define GN_EXP_STREAMED_ROUNDS 0
 #endif

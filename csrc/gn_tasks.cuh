@@ -188,7 +188,7 @@ __device__ __forceinline__ void stagger_start(const GnArgs& a, int team) {
 // default sm_90 prologue of fwd_task_onepass first touches two of its six lines after the stagger's
 // barrier, behind loads of the others (RESULTS.md session 42): the small shapes spend 1.2-2.0 us before
 // their first copy. The fields meet in a condition the compiler cannot decide (x is never null, the others
-// are not negative, so the sum is never 0), which keeps the loads.
+// are not negative, so the sum is never 0), which keeps the loads. H200, session 44: no measurable gain.
 #ifndef GN_EXP_WARM_PARAMS
 #define GN_EXP_WARM_PARAMS 0
 #endif
