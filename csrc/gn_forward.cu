@@ -229,7 +229,7 @@ __device__ int64_t member_rounds_streamed(const GnArgs& a, int team, int64_t t0,
     team_statistics<T>(a, task, last, flag, sm, round);
 #endif
     trace_point(a, 3 + point);
-    const ApplyCoefs<V> coefs(a, sm.grp, sm.param, lane.col);
+    const ApplyCoefs<V, kFusedApply<T>> coefs(a, sm.grp, sm.param, lane.col);
     TY* out = reinterpret_cast<TY*>(a.out) + (task_x(task) - x);
     int s = first_slot;
     for (int q = 0; q < c; ++q) {

@@ -723,8 +723,20 @@ struct NoStep {
   __device__ void operator()() const {}
 };
 
-// The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory.
-template <int V>
+// The experiment -DGN_EXP_FUSED_APPLY=1 (off by default): the forward's apply of a 16-bit x computes
+// z = x * scale + (beta - mean * scale), one FFMA per element, instead of (x - mean) * scale + beta (an
+// FADD and an FFMA), as torch's own kernel does. The fp32 rounding it adds (2^-24 of |x * scale|) is far
+// below the 16-bit x's own (2^-11 of |x|); float32 x keeps the subtraction. The 16-bit SiLU apply looked
+// issue-bound (RESULTS.md session 44: 0.58-0.59 of SOL against 0.62 without SiLU; fp32 SiLU 0.63-0.64).
+#ifndef GN_EXP_FUSED_APPLY
+#define GN_EXP_FUSED_APPLY 0
+#endif
+template <typename T>
+constexpr bool kFusedApply = GN_EXP_FUSED_APPLY != 0 && sizeof(T) == 2;
+
+// The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory; kFused:
+// beta holds beta - mean * scale and mean is unused (kFusedApply).
+template <int V, bool kFused = false>
 struct ApplyCoefs {
   float mean[V], scale[V], beta[V];
   ApplyCoefs() = default;
@@ -734,10 +746,14 @@ struct ApplyCoefs {
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const float2 st = grp[g[v]], pr = param[min(col * V + v, static_cast<int>(a.window) - 1)];
-      mean[v] = st.x;
+      mean[v] = kFused ? 0.f : st.x;
       scale[v] = st.y * pr.x;
-      beta[v] = pr.y;
+      beta[v] = kFused ? fmaf(-st.x, scale[v], pr.y) : pr.y;
     }
+  }
+  // z = (x - mean) * scale + beta for channel v of this thread's column
+  __device__ __forceinline__ float z(float x, int v) const {
+    return kFused ? fmaf(x, scale[v], beta[v]) : fmaf(x - mean[v], scale[v], beta[v]);
   }
 };
 
@@ -775,7 +791,7 @@ struct StorePair {
 // TY (x's type, or float32 under autocast: the wide forward, stored by lane pairs where `pair` allows).
 template <typename T, int V, int kAct, typename TY = T>
 __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t ystep, int rows_threads, int limit,
-                                           const ApplyCoefs<V>& k_, const StorePair& pair) {
+                                           const ApplyCoefs<V, kFusedApply<T>>& k_, const StorePair& pair) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   int r = 0;
 #pragma unroll act_row_unroll<kAct>(R)
@@ -785,7 +801,7 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t
       Pack<TY, V> o;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        const float z = fmaf(to_float(x.v[v]) - k_.mean[v], k_.scale[v], k_.beta[v]);
+        const float z = k_.z(to_float(x.v[v]), v);
         o.v[v] = from_float<TY>(activate<kAct>(z));
       }
       if constexpr (sizeof(Pack<TY, V>) == 32) {
@@ -838,7 +854,7 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const T* base = static_cast<const T*>(a.x) + n * a.s * a.c + c0;
   TY* out = static_cast<TY*>(a.out) + n * a.s * a.c + c0;
-  ApplyCoefs<V> coefs;  // behind the first copies: the statistics may still be on their way
+  ApplyCoefs<V, kFusedApply<T>> coefs;  // behind the first copies: the statistics may still be on their way
   const StorePair pair(a);
   const int slots = a.slots;
   const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
@@ -856,7 +872,7 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   };
   auto started = [&] {
     behind_copies();
-    coefs = ApplyCoefs<V>(a, sm.grp, sm.param, lane.col);
+    coefs = ApplyCoefs<V, kFusedApply<T>>(a, sm.grp, sm.param, lane.col);
   };
   const int reread = walk_ring_backwards(chunks, slots, reread_into, started, [&](int q, int slot) {
     if (!lane.active) return;

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The fused forward apply (-DGN_EXP_FUSED_APPLY=1: z = x * scale + (beta - mean * scale) for a 16-bit x) in
+# one GPU call, about 6 minutes on an H200. Builds the default kernels and the fused ones at once; runs
+# the forward GPU tests under the fused build (fp64 references, bitwise equality across caps and
+# schedules, activations, clusters, rounds, autocast); times the large, mid and small forwards of both
+# builds in alternating rounds, fp16 and bf16; then Nsight Compute on the 16-bit SiLU apply launch of both
+# (pipe utilization and warp stalls). Logs under OUT, the lines to read in OUT/summary.txt.
+#   bash scripts/fused_apply_check.sh OUT
+# Environment: FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_SKIP_NCU=1.
+set -uo pipefail
+# shellcheck source=scripts/gpu_call.sh
+source "$(dirname "$0")/gpu_call.sh"
+gpu_call_setup fused_apply_check.sh "${1:-}"
+F="-DGN_EXP_FUSED_APPLY=1"
+shapes="1x128x1024x1024:silu 1x256x512x512:silu 1x128x16x256x256:silu 1x512x256x256:silu 1x128x1024x2048:G16
+32x128x256x256 1x512x128x128:silu 2x320x64x64:silu 2x1280x16x16:silu"
+status=0
+
+step "builds: default, fused"
+build_native default
+GN_NVCC_FLAGS="$F" build_native fused
+wait
+builds_done default fused
+
+if [ -z "${FUSED_SKIP_TESTS:-}" ]; then
+  step "the forward's GPU tests under the fused build"
+  GN_NVCC_FLAGS="$F" timeout 240 python3 -m pytest -q -p xdist -n 8 tests/gpu/test_kernels.py tests/gpu/test_acts.py \
+    tests/gpu/test_cluster_teams.py tests/gpu/test_onepass_rounds.py tests/gpu/test_autocast_wide.py \
+    >"$out/tests_fused.log" 2>&1 || status=1
+  tail -n 3 "$out/tests_fused.log" >>"$out/summary.txt"
+fi
+
+for round in $(seq "${FUSED_ROUNDS:-2}"); do
+  for dt in fp16 bf16; do
+    for v in default fused; do
+      step "forward, $dt, $v, round $round"
+      flags=""
+      [ $v = fused ] && flags="$F"
+      # shellcheck disable=SC2086  # (the shapes are separate arguments)
+      GN_NVCC_FLAGS="$flags" timeout 150 python3 scripts/time_shapes.py $shapes --dtype $dt --directions fwd \
+        --json "$out/fwd_${dt}_${v}_$round.json" >"$out/fwd_${dt}_${v}_$round.log" 2>&1 || status=1
+      rows "$out/fwd_${dt}_${v}_$round.log"
+    done
+  done
+done
+
+if [ -z "${FUSED_SKIP_NCU:-}" ] && command -v ncu >/dev/null; then
+  export GN_PROFILE_SHAPES=1x128x1024x1024:silu
+  for v in default fused; do
+    step "ncu: the fp16 SiLU apply launch, $v"
+    flags=""
+    [ $v = fused ] && flags="$F"
+    GN_NVCC_FLAGS="$flags" timeout 150 ncu --clock-control none -k regex:fwd_task_apply --section SpeedOfLight \
+      --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats \
+      --csv --page details python3 scripts/profile_tasks.py --once >"$out/ncu_$v.csv" 2>"$out/ncu_$v.err" || status=1
+    grep -E '"(Duration|DRAM Throughput|Issue Slots Busy|Issued Warp Per Scheduler|Executed Ipc Active|Warp Cycles Per Issued Instruction|Executed Instructions|Achieved Occupancy)"' \
+      "$out/ncu_$v.csv" | awk -F'","' '{print $(NF-2), $(NF-1), $NF}' >>"$out/summary.txt"
+  done
+  unset GN_PROFILE_SHAPES
+fi
+step "done (status $status)"
+exit $status
