@@ -1154,7 +1154,33 @@ static __device__ void bwd_param_totals(const GnArgs& a) {
   bwd_param_totals_now(a);
 }
 
-// dx = rstd * (w * dz - (A + xhat * B) / M) for this thread's rows of one chunk pair.
+// The experiment -DGN_EXP_FUSED_BWD_APPLY=1 (off by default): the backward's apply of a 16-bit x computes
+// dx from x itself, dx = P * dz + (Q * x + R) and z = P * x + Bz (two or three FFMA per element), with
+// P = rstd * w, Q = -rstd^2 * B / M, R = -rstd * A / M - Q * mean, Bz = b - mean * P (fuse_bwd_coefs), instead
+// of xhat = (x - mean) * rstd and dx = rstd * (w * dz - (A + xhat * B) / M) (six or seven). As in the
+// forward's kFusedApply, the fp32 rounding it adds is far below the 16-bit x's own.
+#ifndef GN_EXP_FUSED_BWD_APPLY
+#define GN_EXP_FUSED_BWD_APPLY 0
+#endif
+template <typename T>
+constexpr bool kFusedBwdApply = GN_EXP_FUSED_BWD_APPLY != 0 && sizeof(T) == 2;
+
+// kFusedBwdApply's coefficients in place: k.w <- P, k.b <- Bz, ka <- R, kb <- Q (k.mean, k.rstd unused after).
+template <int V>
+__device__ __forceinline__ void fuse_bwd_coefs(BwdCoefs<V>& k, float (&ka)[V], float (&kb)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const float p = k.rstd[v] * k.w[v];
+    const float q = -(k.rstd[v] * k.rstd[v]) * kb[v];
+    ka[v] = fmaf(-q, k.mean[v], -k.rstd[v] * ka[v]);
+    kb[v] = q;
+    k.b[v] = fmaf(-k.mean[v], p, k.b[v]);
+    k.w[v] = p;
+  }
+}
+
+// dx = rstd * (w * dz - (A + xhat * B) / M) for this thread's rows of one chunk pair (kFusedBwdApply: the
+// same from fuse_bwd_coefs' coefficients).
 template <typename T, int V, int kAct, typename TW, bool kRowAtATime = true>
 __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int sstep, T* out, int64_t ystep,
                                                int rows_threads, int limit, const BwdCoefs<V>& k,
@@ -1169,9 +1195,15 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
       Pack<T, V> o;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        const float xhat = (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
-        const float dz = grad_of_z<kAct>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
-        o.v[v] = from_float<T>(k.rstd[v] * (dz * k.w[v] - fmaf(xhat, kb[v], ka[v])));
+        if constexpr (kFusedBwdApply<T>) {
+          const float xf = to_float(x.v[v]);
+          const float dz = grad_of_z<kAct>(to_float(d.v[v]), xf, k.w[v], k.b[v]);
+          o.v[v] = from_float<T>(fmaf(k.w[v], dz, fmaf(kb[v], xf, ka[v])));
+        } else {
+          const float xhat = (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
+          const float dz = grad_of_z<kAct>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
+          o.v[v] = from_float<T>(k.rstd[v] * (dz * k.w[v] - fmaf(xhat, kb[v], ka[v])));
+        }
       }
       store_pack_streaming<T, V>(out, o);
     }
@@ -1212,6 +1244,7 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
       ka[v] = sm.coef[g[v]].x;
       kb[v] = sm.coef[g[v]].y;
     }
+    if constexpr (kFusedBwdApply<T>) fuse_bwd_coefs<V>(k, ka, kb);
   };
   const int slots = a.slots;
   const int chunks = static_cast<int>(t1 - t0) * chunks_per_tile(a);
