@@ -916,10 +916,38 @@ __device__ __forceinline__ float2* bwd_group_partials(const GnArgs& a, int64_t t
 #endif
 constexpr bool kBwdGroupMajor = GN_EXP_BWD_GROUP_MAJOR != 0;
 
+// The experiment -DGN_EXP_FUSED_BWD_STATS=1 (off by default): the backward's stats sum dz * (x - mean) per
+// channel, and a tile's sums are scaled by rstd once per channel (write_tile_partials), instead of
+// forming xhat = (x - mean) * rstd per element (one FMUL per element less; z = (x - mean) * (rstd * w) + b).
+// The same sums up to rounding, for every dtype; a new order of roundings, so other bits (the same in every
+// schedule: every caller runs member_bwd_stats).
+#ifndef GN_EXP_FUSED_BWD_STATS
+#define GN_EXP_FUSED_BWD_STATS 0
+#endif
+constexpr bool kFusedBwdStats = GN_EXP_FUSED_BWD_STATS != 0;
+
 // A finished tile's partials from sm.chan (fold_channels): per channel, and per group weighted by w
-// (per_group[gl * group_stride]).
+// (per_group[gl * group_stride]). kFusedBwdStats: the second sums times their group's rstd (grp[gl].y) first.
 __device__ __forceinline__ void write_tile_partials(const GnArgs& a, const float2* chan, const float2* param,
-                                                    float2* per_channel, float2* per_group, int64_t group_stride) {
+                                                    const float2* grp, float2* per_channel, float2* per_group,
+                                                    int64_t group_stride) {
+  if constexpr (kFusedBwdStats) {
+    const int cpg = channels_per_group(a);
+    for (int i = threadIdx.x; i < a.window; i += kThreads) {
+      per_channel[i] = make_float2(chan[i].x, chan[i].y * grp[group_of(a, i)].y);
+    }
+    for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
+      float2 acc = make_float2(0.f, 0.f);
+      for (int k = 0; k < cpg; ++k) {
+        const float w = param[gl * cpg + k].x;
+        const float2 s = chan[gl * cpg + k];
+        acc.x = fmaf(w, s.x, acc.x);
+        acc.y = fmaf(w, s.y * grp[gl].y, acc.y);
+      }
+      per_group[gl * group_stride] = acc;
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < a.window; i += kThreads) per_channel[i] = chan[i];
   const int cpg = channels_per_group(a);
   for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
@@ -976,7 +1004,9 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, i
       const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(sd);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        const float xhat = (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
+        // xhat, or x - mean under kFusedBwdStats (k.w then holds rstd * w; write_tile_partials scales s2)
+        const float xc = to_float(x.v[v]) - k.mean[v];
+        const float xhat = kFusedBwdStats ? xc : xc * k.rstd[v];
         const float dz = grad_of_z<kAct>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
         s1[v] += dz;
         s2[v] = fmaf(dz, xhat, s2[v]);
@@ -1036,7 +1066,13 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
         copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit);
       },
-      [&] { load_bwd_coefs(a, task, sm, lane.col, k); },
+      [&] {
+        load_bwd_coefs(a, task, sm, lane.col, k);
+        if constexpr (kFusedBwdStats) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) k.w[v] *= k.rstd[v];  // z = (x - mean) * (rstd * w) + b
+        }
+      },
       [&](int q, int slot) {
         if (lane.active) {
           const T* s = mine + slot * sm.slot_elems;
@@ -1051,7 +1087,7 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
           } else {
             fold_channels_outlined(a, lane, sm, s1, s2);
           }
-          write_tile_partials(a, sm.chan, sm.param, parts + tile * a.window, gparts + (kBwdGroupMajor ? tile : tile * gw),
+          write_tile_partials(a, sm.chan, sm.param, sm.grp, parts + tile * a.window, gparts + (kBwdGroupMajor ? tile : tile * gw),
                               kBwdGroupMajor ? a.tiles_per_task : 1);
           in_tile = 0;
           ++tile;
