@@ -733,6 +733,10 @@ struct NoStep {
 #endif
 template <typename T>
 constexpr bool kFusedApply = GN_EXP_FUSED_APPLY != 0 && sizeof(T) == 2;
+// Whether a SiLU element loop of this x type and vector takes sigmoids in pairs (gn_kernels.cuh
+// reciprocal_pair, -DGN_EXP_SILU_PAIRED_RCP=1): 16-bit x, an even vector.
+template <typename T, int V, int kAct>
+constexpr bool kPairedSilu = GN_EXP_SILU_PAIRED_RCP != 0 && kAct == kActSilu && sizeof(T) == 2 && V % 2 == 0;
 
 // The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory; kFused:
 // beta holds beta - mean * scale and mean is unused (kFusedApply).
@@ -799,10 +803,21 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
       Pack<TY, V> o;
+      if constexpr (kPairedSilu<T, V, kAct>) {
 #pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const float z = k_.z(to_float(x.v[v]), v);
-        o.v[v] = from_float<TY>(activate<kAct>(z));
+        for (int v = 0; v < V; v += 2) {
+          const float z0 = k_.z(to_float(x.v[v]), v), z1 = k_.z(to_float(x.v[v + 1]), v + 1);
+          float r0, r1;
+          reciprocal_pair(1.f + exp_neg(z0), 1.f + exp_neg(z1), r0, r1);
+          o.v[v] = from_float<TY>(z0 * r0);
+          o.v[v + 1] = from_float<TY>(z1 * r1);
+        }
+      } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const float z = k_.z(to_float(x.v[v]), v);
+          o.v[v] = from_float<TY>(activate<kAct>(z));
+        }
       }
       if constexpr (sizeof(Pack<TY, V>) == 32) {
         if (pair.on) {
@@ -1002,14 +1017,32 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, i
     if (r < limit) {
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
       const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(sd);
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        // xhat, or x - mean under kFusedBwdStats (k.w then holds rstd * w; write_tile_partials scales s2)
+      // xhat, or x - mean under kFusedBwdStats (k.w then holds rstd * w; write_tile_partials scales s2)
+      auto xhat_of = [&](int v) {
         const float xc = to_float(x.v[v]) - k.mean[v];
-        const float xhat = kFusedBwdStats ? xc : xc * k.rstd[v];
-        const float dz = grad_of_z<kAct>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
-        s1[v] += dz;
-        s2[v] = fmaf(dz, xhat, s2[v]);
+        return kFusedBwdStats ? xc : xc * k.rstd[v];
+      };
+      if constexpr (kPairedSilu<T, V, kAct>) {
+#pragma unroll
+        for (int v = 0; v < V; v += 2) {
+          const float h0 = xhat_of(v), h1 = xhat_of(v + 1);
+          const float z0 = fmaf(h0, k.w[v], k.b[v]), z1 = fmaf(h1, k.w[v + 1], k.b[v + 1]);
+          float g0, g1;
+          sigmoid_pair(z0, z1, g0, g1);
+          const float dz0 = silu_grad(to_float(d.v[v]), z0, g0), dz1 = silu_grad(to_float(d.v[v + 1]), z1, g1);
+          s1[v] += dz0;
+          s2[v] = fmaf(dz0, h0, s2[v]);
+          s1[v + 1] += dz1;
+          s2[v + 1] = fmaf(dz1, h1, s2[v + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const float xhat = xhat_of(v);
+          const float dz = grad_of_z<kAct>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
+          s1[v] += dz;
+          s2[v] = fmaf(dz, xhat, s2[v]);
+        }
       }
     }
   }
@@ -1229,6 +1262,27 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
       const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(sd);
       Pack<T, V> o;
+      if constexpr (kPairedSilu<T, V, kAct>) {
+        // u: x (kFusedBwdApply: k.w, k.b, ka, kb are fuse_bwd_coefs') or xhat; z = u * w + b
+        auto u_of = [&](int v) {
+          return kFusedBwdApply<T> ? to_float(x.v[v]) : (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
+        };
+        auto dx_of = [&](int v, float u, float dz) {
+          return kFusedBwdApply<T> ? fmaf(k.w[v], dz, fmaf(kb[v], u, ka[v]))
+                                   : k.rstd[v] * (dz * k.w[v] - fmaf(u, kb[v], ka[v]));
+        };
+#pragma unroll
+        for (int v = 0; v < V; v += 2) {
+          const float u0 = u_of(v), u1 = u_of(v + 1);
+          const float z0 = fmaf(u0, k.w[v], k.b[v]), z1 = fmaf(u1, k.w[v + 1], k.b[v + 1]);
+          float g0, g1;
+          sigmoid_pair(z0, z1, g0, g1);
+          o.v[v] = from_float<T>(dx_of(v, u0, silu_grad(to_float(d.v[v]), z0, g0)));
+          o.v[v + 1] = from_float<T>(dx_of(v + 1, u1, silu_grad(to_float(d.v[v + 1]), z1, g1)));
+        }
+        store_pack_streaming<T, V>(out, o);
+        continue;
+      }
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         if constexpr (kFusedBwdApply<T>) {
