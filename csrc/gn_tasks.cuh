@@ -1120,8 +1120,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
           } else {
             fold_channels_outlined(a, lane, sm, s1, s2);
           }
-          write_tile_partials(a, sm.chan, sm.param, sm.grp, parts + tile * a.window, gparts + (kBwdGroupMajor ? tile : tile * gw),
-                              kBwdGroupMajor ? a.tiles_per_task : 1);
+          write_tile_partials(a, sm.chan, sm.param, sm.grp, parts + tile * a.window,
+                              gparts + (kBwdGroupMajor ? tile : tile * gw), kBwdGroupMajor ? a.tiles_per_task : 1);
           in_tile = 0;
           ++tile;
         }

@@ -53,9 +53,9 @@ TASK_STATS_ROWS = (
 )
 # member_bwd_stats: a tile's per-channel partial written to the workspace
 TASK_BWD_TILE_PARTIAL = (
-    "          write_tile_partials(a, sm.chan, sm.param, parts + tile * a.window, "
-    "gparts + (kBwdGroupMajor ? tile : tile * gw),\n"
-    "                              kBwdGroupMajor ? a.tiles_per_task : 1);"
+    "          write_tile_partials(a, sm.chan, sm.param, sm.grp, parts + tile * a.window,\n"
+    "                              gparts + (kBwdGroupMajor ? tile : tile * gw), "
+    "kBwdGroupMajor ? a.tiles_per_task : 1);"
 )
 GROUPS_OF_VECTOR = "  for (int v = 0; v < V; ++v) g[v] = first == last ? first : (c + v) / d;"
 
