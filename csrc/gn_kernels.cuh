@@ -146,6 +146,14 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // the standard normal dens
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
 constexpr float kGeluCubic = 0.044715f;               // tanh GELU: tanh(sqrt(2/pi) (z + 0.044715 z^3))
 
+// max(z, 0) that keeps a NaN z, as torch's ReLU does: fmaxf(NaN, 0) is 0, so a fused ReLU turned a NaN group
+// (a diverging model's) into zeros. One FMNMX either way (max.NaN: sm_80 and newer, every arch built).
+__device__ __forceinline__ float relu(float z) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(z), "f"(0.f));
+  return r;
+}
+
 // act(z). SiLU as z / (1 + exp(-z)) with the fast division (exp(-z) overflowing to inf gives -0, the
 // limit); the GELUs with the precise erf / tanh, as the fp64 reference is tight in float32.
 template <int kAct>
@@ -153,7 +161,7 @@ __device__ __forceinline__ float activate(float z) {
   if constexpr (kAct == kActSilu) {
     return __fdividef(z, 1.f + exp_neg(z));
   } else if constexpr (kAct == kActRelu) {
-    return fmaxf(z, 0.f);
+    return relu(z);
   } else if constexpr (kAct == kActGelu) {
     return 0.5f * z * (1.f + erff(z * kInvSqrt2));
   } else if constexpr (kAct == kActGeluTanh) {
@@ -163,15 +171,15 @@ __device__ __forceinline__ float activate(float z) {
   }
 }
 
-// dy * act'(z): the loss gradient of z given the gradient dy of act(z). ReLU passes dy where z > 0
-// (torch's threshold: 0 at z = 0).
+// dy * act'(z): the loss gradient of z given the gradient dy of act(z). ReLU passes dy where z > 0 or z is
+// NaN (torch's threshold on its output: 0 where it is <= 0, so 0 at z = 0 and dy at NaN).
 template <int kAct>
 __device__ __forceinline__ float through_act(float dy, float z) {
   if constexpr (kAct == kActSilu) {
     const float s = sigmoid(z);
     return dy * s * fmaf(z, 1.f - s, 1.f);
   } else if constexpr (kAct == kActRelu) {
-    return z > 0.f ? dy : 0.f;
+    return z <= 0.f ? 0.f : dy;
   } else if constexpr (kAct == kActGelu) {
     const float cdf = 0.5f * (1.f + erff(z * kInvSqrt2));
     const float pdf = kInvSqrt2Pi * expf(-0.5f * z * z);

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import gn_module
-from gn_module import ops
+from gn_module import ops, reference
 from gn_module.functional import ACTS
 
 from .test_kernels import check_against_reference, make_case, run
@@ -123,3 +123,62 @@ def test_converted_model_with_relu_and_gelu_runs_the_kernels(arch, no_tf32):
     torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
     for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=n)
+
+
+#: C = 48 in 16 groups: 3 channels per group, so the 8 channels of a thread's 16-byte vector (and each pair of
+#: them) straddle groups, and a group's NaN must stay out of its neighbours' elements.
+NAN_SHAPE, NAN_GROUPS = (2, 48, 6, 7), 16
+
+
+def _masks_equal(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    g, r = got.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.equal(torch.isnan(g), torch.isnan(r)), f"{what}: NaN at other places than torch's"
+    inf = torch.isinf(r)
+    same_inf = torch.equal(torch.isinf(g), inf) and torch.equal(g[inf], r[inf])
+    assert same_inf, f"{what}: infinities differ from torch's"
+
+
+@pytest.mark.parametrize("act", ACTS, ids=lambda a: a or "noact")
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_nan_stays_in_its_group_like_torch(arch, act, dtype):
+    """A NaN in x makes its group's y and dx NaN, and its channels' dweight and dbias, as torch's GroupNorm
+    and activation do (a fused ReLU that turned NaN into 0 would hide a diverging model), and nothing else."""
+    x, w, b, dy = make_case(NAN_SHAPE, NAN_GROUPS, DTYPES[dtype], torch.float32, mean=0.5)
+    x[0, 3, 2, 2] = float("nan")  # channel 3: group 1 of sample 0
+    for passes in (1, 2):
+        got = run(x, NAN_GROUPS, w, b, act, passes, dy)
+        ref = reference.forward_backward(x, NAN_GROUPS, w, b, 1e-5, act, dy)
+        for name, g, r in zip(("y", "dx", "dweight", "dbias"), got, ref, strict=True):
+            _masks_equal(g, r, f"{name} (act={act}, passes={passes})")
+        finite = torch.isfinite(ref[0]).to(got[0].device)
+        assert finite.any() and not finite.all()
+        outside = ref[0][finite.to(ref[0].device)]
+        reference.compare(got[0][finite], outside, DTYPES[dtype], "y outside the NaN group")
+
+
+#: Pre-activations z = b (weight 0): NaN, the infinities, and values far into every activation's tails (SiLU's
+#: exp(-z) overflows float32 below -88; sigmoids of |z| > 43.6 are beyond 2^-63).
+EXTREMES = (float("nan"), float("-inf"), float("inf"), -100.0, -50.0, -20.0, -1.0, 0.0, 1.0, 20.0, 100.0, 3e4)
+
+
+@pytest.mark.parametrize("act", ACTS, ids=lambda a: a or "noact")
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_act_at_extreme_pre_activations_like_torch(arch, act, dtype):
+    """With weight 0 every element of channel c has z = bias[c] exactly: y, dx, dweight and dbias at NaN,
+    +-inf and far tails against torch's own activation (fp64): the same NaNs and infinities, the finite
+    values within the dtype's tolerance."""
+    x, _, _, dy = make_case(NAN_SHAPE, NAN_GROUPS, DTYPES[dtype], torch.float32)
+    c = NAN_SHAPE[1]
+    w = torch.zeros(c, device="cuda")
+    b = torch.tensor([EXTREMES[i % len(EXTREMES)] for i in range(c)], device="cuda")
+    for passes in (1, 2):
+        got = run(x, NAN_GROUPS, w, b, act, passes, dy)
+        ref = reference.forward_backward(x, NAN_GROUPS, w, b, 1e-5, act, dy)
+        for name, g, r in zip(("y", "dx", "dweight", "dbias"), got, ref, strict=True):
+            _masks_equal(g, r, f"{name} (act={act}, passes={passes})")
+            finite = torch.isfinite(r).to(g.device)
+            if finite.any():
+                # (float32 weight and bias: their gradients at float16's tolerance, as in test_kernels)
+                rdtype = DTYPES[dtype] if name in ("y", "dx") else torch.float16
+                what = f"{name} (act={act}, passes={passes})"
+                reference.compare(g[finite], r[finite.to(r.device)], rdtype, what)
