@@ -10,7 +10,8 @@
 # times, bf16 once); runs the forward and backward GPU tests under the last variant (fp64 references,
 # bitwise equality across caps and schedules, activations, clusters, rounds, autocast); then, with
 # FUSED_NCU=1, Nsight Compute on the 16-bit SiLU forward apply launch of default and the last variant (pipe
-# utilization and warp stalls). Logs under OUT, the lines to read in OUT/summary.txt.
+# utilization and warp stalls). Logs under OUT, the lines to read in OUT/summary.txt (the builds side by side:
+# OUT/compare.md, ratios to the first variant's medians).
 #   bash scripts/fused_apply_check.sh OUT
 # Environment: FUSED_VARIANTS, FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1.
 set -uo pipefail
@@ -56,6 +57,10 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
     done
   done
 done
+
+step "the builds side by side (scripts/compare_timings.py: rounds, median / default's)"
+python3 scripts/compare_timings.py --dir "$out" --baseline "${variants%% *}" >"$out/compare.md" 2>&1 || status=1
+cat "$out/compare.md" >>"$out/summary.txt"
 
 if [ -z "${FUSED_SKIP_TESTS:-}" ]; then
   step "the forward's and backward's GPU tests under $last"
