@@ -946,24 +946,11 @@ constexpr bool kFusedBwdStats = GN_EXP_FUSED_BWD_STATS != 0;
 __device__ __forceinline__ void write_tile_partials(const GnArgs& a, const float2* chan, const float2* param,
                                                     const float2* grp, float2* per_channel, float2* per_group,
                                                     int64_t group_stride) {
-  if constexpr (kFusedBwdStats) {
-    const int cpg = channels_per_group(a);
-    for (int i = threadIdx.x; i < a.window; i += kThreads) {
-      per_channel[i] = make_float2(chan[i].x, chan[i].y * grp[group_of(a, i)].y);
-    }
-    for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
-      float2 acc = make_float2(0.f, 0.f);
-      for (int k = 0; k < cpg; ++k) {
-        const float w = param[gl * cpg + k].x;
-        const float2 s = chan[gl * cpg + k];
-        acc.x = fmaf(w, s.x, acc.x);
-        acc.y = fmaf(w, s.y * grp[gl].y, acc.y);
-      }
-      per_group[gl * group_stride] = acc;
-    }
-    return;
+  for (int i = threadIdx.x; i < a.window; i += kThreads) {
+    float2 c = chan[i];
+    if constexpr (kFusedBwdStats) c.y *= grp[group_of(a, i)].y;
+    per_channel[i] = c;
   }
-  for (int i = threadIdx.x; i < a.window; i += kThreads) per_channel[i] = chan[i];
   const int cpg = channels_per_group(a);
   for (int gl = threadIdx.x; gl < groups_per_window(a); gl += kThreads) {
     float2 acc = make_float2(0.f, 0.f);
@@ -971,7 +958,7 @@ __device__ __forceinline__ void write_tile_partials(const GnArgs& a, const float
       const float w = param[gl * cpg + k].x;
       const float2 s = chan[gl * cpg + k];
       acc.x = fmaf(w, s.x, acc.x);
-      acc.y = fmaf(w, s.y, acc.y);
+      acc.y = fmaf(w, kFusedBwdStats ? s.y * grp[gl].y : s.y, acc.y);
     }
     per_group[gl * group_stride] = acc;
   }
@@ -995,6 +982,16 @@ struct BwdCoefs {
     }
   }
 };
+
+// dy * silu'(z) of channels v and v + 1, z = u * w + b, their sigmoids from one MUFU.RCP (kPairedSilu)
+template <int V>
+__device__ __forceinline__ float2 silu_grads_pair(const BwdCoefs<V>& k, int v, float u0, float u1, float dy0,
+                                                  float dy1) {
+  const float z0 = fmaf(u0, k.w[v], k.b[v]), z1 = fmaf(u1, k.w[v + 1], k.b[v + 1]);
+  float g0, g1;
+  sigmoid_pair(z0, z1, g0, g1);
+  return make_float2(silu_grad(dy0, z0, g0), silu_grad(dy1, z1, g1));
+}
 
 template <int kAct>
 __device__ __forceinline__ float grad_of_z(float dy, float xhat, float w, float b) {
@@ -1026,14 +1023,11 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, i
 #pragma unroll
         for (int v = 0; v < V; v += 2) {
           const float h0 = xhat_of(v), h1 = xhat_of(v + 1);
-          const float z0 = fmaf(h0, k.w[v], k.b[v]), z1 = fmaf(h1, k.w[v + 1], k.b[v + 1]);
-          float g0, g1;
-          sigmoid_pair(z0, z1, g0, g1);
-          const float dz0 = silu_grad(to_float(d.v[v]), z0, g0), dz1 = silu_grad(to_float(d.v[v + 1]), z1, g1);
-          s1[v] += dz0;
-          s2[v] = fmaf(dz0, h0, s2[v]);
-          s1[v + 1] += dz1;
-          s2[v + 1] = fmaf(dz1, h1, s2[v + 1]);
+          const float2 dz = silu_grads_pair(k, v, h0, h1, to_float(d.v[v]), to_float(d.v[v + 1]));
+          s1[v] += dz.x;
+          s2[v] = fmaf(dz.x, h0, s2[v]);
+          s1[v + 1] += dz.y;
+          s2[v + 1] = fmaf(dz.y, h1, s2[v + 1]);
         }
       } else {
 #pragma unroll
@@ -1274,11 +1268,9 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
 #pragma unroll
         for (int v = 0; v < V; v += 2) {
           const float u0 = u_of(v), u1 = u_of(v + 1);
-          const float z0 = fmaf(u0, k.w[v], k.b[v]), z1 = fmaf(u1, k.w[v + 1], k.b[v + 1]);
-          float g0, g1;
-          sigmoid_pair(z0, z1, g0, g1);
-          o.v[v] = from_float<T>(dx_of(v, u0, silu_grad(to_float(d.v[v]), z0, g0)));
-          o.v[v + 1] = from_float<T>(dx_of(v + 1, u1, silu_grad(to_float(d.v[v + 1]), z1, g1)));
+          const float2 dz = silu_grads_pair(k, v, u0, u1, to_float(d.v[v]), to_float(d.v[v + 1]));
+          o.v[v] = from_float<T>(dx_of(v, u0, dz.x));
+          o.v[v + 1] = from_float<T>(dx_of(v + 1, u1, dz.y));
         }
         store_pack_streaming<T, V>(out, o);
         continue;
