@@ -87,6 +87,8 @@ BIG_TASK_SHAPE = (1024, 32)
 #: a single group; one channel per group (a vector spans 4 or 8 groups).
 DEFAULT_SHAPES = ((128, 16), (100, 20), (30, 10), (64, 1), (32, 32))
 GEOMETRIES = ("even", "partial", "batch")
+#: The geometry of a NaN probe (`nan_probe`), which is no overflow case
+NAN_GEOMETRY = "nan"
 BIG = "2_31"  # geometry of the cases over 2**31 elements
 BIG_ELEMENTS = 2**31
 DEFAULT_CAP = 3  # the cheap variant's residency cap: small tensors, same overflow paths
@@ -184,6 +186,8 @@ class CaseSpec:
 
     @property
     def id(self) -> str:
+        if self.geometry == NAN_GEOMETRY:
+            return f"nan-{self.direction}-{self.dtype}-{self.act or 'noact'}"
         parts = [self.profile] if self.profile else []
         parts += [self.direction, self.arch if self.is_task else self.schedule]
         if self.variant == "capped":
@@ -485,6 +489,7 @@ class GnCase:
     notes: tuple[str, ...] = field(default_factory=tuple)
     tile_rows: int | None = None  # rows per tile the tile count is in
     task: TaskRun | None = None  # task architecture cases: what the launch holds (pytest_gn.tasks)
+    nan_at: tuple[int, ...] | None = None  # a NaN probe (`nan_probe`): x's element made NaN before the run
 
     @property
     def id(self) -> str:
@@ -894,3 +899,26 @@ def resolve_foreign(
     shape, tiles = foreign_shape(spec, rows, resident)
     note = f"the implementation's description did not settle (last: {said}); sized by its last answer"
     return GnCase(spec, shape, resident, tiles, None, None, None, (note,), rows)
+
+
+# ------------------------------------------------------------------ NaN probes
+#: A NaN probe's tensor: C = 48 in 16 groups of 3 channels, so that a vector of 2, 4 or 8 channels, in any
+#: kernel that vectorizes, straddles groups; the NaN goes to channel 3 (group 1) of sample 0.
+NAN_SHAPE = (2, 48, 6, 7)
+NAN_GROUPS = 16
+NAN_AT = (0, 3, 2, 2)
+#: The activations a probe may take: a fused epilogue must keep a NaN (a ReLU of fmaxf(z, 0) makes it 0).
+#: The bundled suite probes None and "silu", the protocol's (`gn_impl`); a test of your own may ask for more.
+NAN_ACTS = (None, "silu", "relu", "gelu", "gelu_tanh")
+
+
+def nan_probe(direction: str, dtype: str, act: str | None) -> GnCase:
+    """A NaN probe (`pytest_gn.suite.test_gn_nan`): x of NAN_SHAPE with one NaN at NAN_AT. torch's GroupNorm
+    and activation make that group's y (and dx) NaN and, backward, its channels' dweight and dbias; every
+    other element is finite and checked against the fp64 reference as usual. A GroupNorm that lets the NaN
+    into other groups (a shared sum, a vector of channels across groups) or loses it (a fused activation
+    that maps NaN to a number hides a diverging model) fails."""
+    if direction not in schedule.DIRECTIONS or dtype not in DTYPES or act not in NAN_ACTS:
+        raise ValueError(f"no NaN probe for {direction!r}, {dtype!r}, {act!r}")
+    spec = CaseSpec(direction, Ratio(1), dtype, act, NAN_SHAPE[1], NAN_GROUPS, geometry=NAN_GEOMETRY)
+    return GnCase(spec, NAN_SHAPE, residency=0, tiles=0, cap=None, expected_grid=None, nan_at=NAN_AT)

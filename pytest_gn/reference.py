@@ -66,7 +66,8 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
 
 class Mismatch:
     """Elementwise ``|a - e| <= atol + rtol |e|`` over many chunks of one output; `message` says
-    how many elements are off and where the worst one is (NaN counts as off)."""
+    how many elements are off and where the worst one is (a NaN counts as off where the reference has
+    none; a NaN where it has one, and its very infinities, match)."""
 
     def __init__(self, name: str, dtype: torch.dtype, terms: int = 1) -> None:
         self.name = name
@@ -95,7 +96,8 @@ class Mismatch:
         excess = (a - e).abs_().sub_(e.abs().mul_(self.rtol).add_(self.atol))
         if slack is not None:
             excess.sub_(slack.double().to(a.device))
-        excess.nan_to_num_(nan=float("inf"))  # NaN counts as off
+        excess.nan_to_num_(nan=float("inf"))  # NaN counts as off, unless the reference has it too:
+        excess.masked_fill_((a == e) | (a.isnan() & e.isnan()), float("-inf"))  # (and equal infinities match)
         self.total += a.numel()
         nbad = int((excess > 0).sum())
         if nbad == 0:

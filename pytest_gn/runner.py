@@ -47,8 +47,12 @@ class CaseResult:
     peak_bytes: int | None = None  # device memory the check allocated at its peak (CUDA only)
 
     def message(self, case: GnCase) -> str:
-        lines = [f"{case.id}: shape {list(case.shape)}, {case.tiles} tiles, residency {case.residency}, "
-                 f"grid {case.expected_grid}, overflow {case.overflow_tiles} tiles"]  # fmt: skip
+        if case.nan_at is not None:
+            where = list(case.nan_at)
+            lines = [f"{case.id}: shape {list(case.shape)}, {case.num_groups} groups, x{where} = NaN"]
+        else:
+            lines = [f"{case.id}: shape {list(case.shape)}, {case.tiles} tiles, residency {case.residency}, "
+                     f"grid {case.expected_grid}, overflow {case.overflow_tiles} tiles"]  # fmt: skip
         lines += [f"  - {p}" for p in self.problems]
         if self.stderr:
             lines.append("  child stderr (tail):\n" + self.stderr[-4000:])
@@ -183,7 +187,11 @@ def check_case(
     bwd = case.direction == "bwd"
     dy_dtype = torch.float32 if case.spec.wide else None
     inp = ref.make_inputs(case.shape, dtype, device, ref.case_seed(seed, case.id), bwd, dy_dtype)
-    if ours and case.task is not None:
+    if case.nan_at is not None:
+        inp["x"][case.nan_at] = float("nan")
+    if ours and case.nan_at is not None:
+        got = _check_nan_probe_runs(case, inp, result, enter)
+    elif ours and case.task is not None:
         got = _check_task_runs(case, inp, result, enter, device)
     elif ours:
         import gn_module
@@ -221,6 +229,25 @@ def check_case(
         result.peak_bytes = int(torch.cuda.max_memory_allocated(device) - base)
     result.ok = not result.problems
     return result
+
+
+def _check_nan_probe_runs(case: GnCase, inp: dict, result: CaseResult, enter: Phase) -> dict:
+    """gn_module's own NaN probe: the default architecture, one launch and two, the same bits (a NaN where
+    the other has one)."""
+    import torch
+
+    import gn_module
+
+    got = _call(gn_module.group_norm, case, inp, enter, False, passes=1)
+    enter("two-pass")
+    two = _call(gn_module.group_norm, case, inp, lambda _n: None, False, passes=2)
+    for name, a in got.items():
+        b = two[name]
+        if a is not None and b is not None and not torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)):
+            result.problems.append(f"{name}: one-pass differs from two-pass around a NaN")
+        elif a is not None and b is not None and not torch.equal(a.isnan(), b.isnan()):
+            result.problems.append(f"{name}: one-pass and two-pass put their NaNs in other places")
+    return got
 
 
 #: The second cap a task case's one-pass forward runs under (the first is the case's own): one block,
@@ -356,6 +383,8 @@ def case_from_json(data: dict[str, Any]) -> GnCase:
     fields_["notes"] = tuple(fields_["notes"])
     if fields_.get("task") is not None:
         fields_["task"] = TaskRun(**fields_["task"])
+    if fields_.get("nan_at") is not None:
+        fields_["nan_at"] = tuple(fields_["nan_at"])
     return GnCase(spec=CaseSpec(**spec), **fields_)
 
 

@@ -69,6 +69,13 @@ def badly_described(x, num_groups, weight, bias, eps, act):
 
 badly_described.gn_describe = lambda **kw: {"tile_rows": 0}
 
+def nan_to_zero(x, num_groups, weight, bias, eps, act):
+    return torch.nan_to_num(gn(x, num_groups, weight, bias, eps, act), nan=0.0)
+
+def nan_spreads(x, num_groups, weight, bias, eps, act):  # a NaN of a sample reaches all its groups
+    whole = x.float().sum(dim=(1, 2, 3), keepdim=True)
+    return (gn(x, num_groups, weight, bias, eps, act).float() + 0.0 * whole).to(x.dtype)
+
 not_a_function = 3.5
 """
 
@@ -109,9 +116,10 @@ def test_impl_without_test_paths_runs_the_bundled_suite(gntester) -> None:
     out = result.stdout.str()
     assert "test_other" not in out  # the directory's own tests are not what was asked for
     assert "test_gn_static" not in out and "test_gn_selfcheck" not in out  # gn_module's own kernels
-    result.stdout.fnmatch_lines(["*test_gn_overflow.py::test_gn_overflow?fwd-onepass-x1-fp16-silu-partial?",
+    result.stdout.fnmatch_lines(["*test_gn_nan.py::test_gn_nan_stays_in_its_group?bwd-bf16-silu?",
+                                 "*test_gn_overflow.py::test_gn_overflow?fwd-onepass-x1-fp16-silu-partial?",
                                  "*test_gn_overflow.py::test_gn_overflow?bwd-onepass-2_31-bf16-silu?",
-                                 "50/86 tests collected (36 deselected)*"])  # fmt: skip
+                                 "62/98 tests collected (36 deselected)*"])  # fmt: skip
     result = run(gntester, "--gn-impl", "impls:gn")
     assert result.ret == pytest.ExitCode.OK  # skipped without a GPU, not "no tests collected" (5)
     result.stdout.fnmatch_lines(["overflow cases: 50 collected: 0 passed, 0 failed, 50 skipped"])
@@ -266,3 +274,34 @@ def test_summary_rows_add_up_for_a_foreign_implementation(gntester, monkeypatch)
         "cases column total: 2 = the overflow cases collected",
         "profile rows: gn_module's own kernels (static part only)*its cases are the 'this GPU' row",
     ])  # fmt: skip
+
+
+def test_nan_probes_pass_torch_and_catch_a_lost_or_spreading_nan(gntester) -> None:
+    gntester.makeconftest(FAKE_DEVICE)
+    select = ("-k", "nan and fp32")  # fwd and bwd, without an activation and with SiLU
+    good = run(gntester, "--gn-impl", "impls:gn", *select, "-v")
+    good.assert_outcomes(passed=4)
+    good.stdout.fnmatch_lines(["*test_gn_nan.py::test_gn_nan_stays_in_its_group?fwd-fp32-silu? PASSED*"])
+    # The forward probes see y. Backward, nan_to_num zeroes the gradient at the NaN group: its dbias misses
+    # those terms without an activation (with SiLU, silu'(NaN) keeps them NaN, as torch's).
+    # nan_spreads' backward is torch's.
+    lost = run(gntester, "--gn-impl", "impls:nan_to_zero", *select, "-rf")
+    lost.assert_outcomes(passed=1, failed=3)
+    head = "*nan-fwd-fp32-noact: shape [[]2, 48, 6, 7[]], 16 groups, x[[]0, 3, 2, 2[]] = NaN*"
+    lost.stdout.fnmatch_lines([head, "*y: * elements off*: 0.0 vs reference nan*"])
+    spread = run(gntester, "--gn-impl", "impls:nan_spreads", *select, "-rf")
+    spread.assert_outcomes(passed=2, failed=2)
+    spread.stdout.fnmatch_lines(["*y: * elements off*: nan vs reference *"])
+
+
+def test_nan_probe_cases() -> None:
+    from pytest_gn import cases
+    from pytest_gn.runner import case_from_json, case_to_json
+
+    probe = cases.nan_probe("bwd", "bf16", "silu")
+    assert probe.id == "nan-bwd-bf16-silu" and probe.nan_at == cases.NAN_AT and probe.dtype == "bfloat16"
+    c = probe.shape[1]
+    assert c // probe.num_groups == 3 and probe.nan_at[1] // 3 == 1  # group 1 of 3-channel groups
+    assert case_from_json(case_to_json(probe)) == probe  # what a foreign run's child process receives
+    with pytest.raises(ValueError, match="no NaN probe"):
+        cases.nan_probe("fwd", "fp8", None)
