@@ -69,6 +69,10 @@ if [ -z "${FUSED_SKIP_TESTS:-}" ]; then
     tests/gpu/test_task_backward.py tests/gpu/test_task_backward_onepass.py \
     >"$out/tests_fused.log" 2>&1 || status=1
   tail -n 3 "$out/tests_fused.log" >>"$out/summary.txt"
+  step "the bundled suite's NaN probes under $last"
+  GN_NVCC_FLAGS="$(flags_of "$last")" timeout 120 python3 -m pytest -q -p xdist -n 8 --pyargs pytest_gn.suite -k nan \
+    >"$out/tests_nan.log" 2>&1 || status=1
+  tail -n 2 "$out/tests_nan.log" >>"$out/summary.txt"
 fi
 
 if [ -n "${FUSED_NCU:-}" ] && command -v ncu >/dev/null; then
