@@ -13,7 +13,8 @@
 # utilization and warp stalls). Logs under OUT, the lines to read in OUT/summary.txt (the builds side by side:
 # OUT/compare.md, ratios to the first variant's medians).
 #   bash scripts/fused_apply_check.sh OUT
-# Environment: FUSED_VARIANTS, FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1.
+# Environment: FUSED_VARIANTS, FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_BUDGET_S (default
+# 540: a step that would likely end past it is skipped and says so, so that one GPU call of 600 s keeps its logs).
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
 source "$(dirname "$0")/gpu_call.sh"
@@ -35,6 +36,14 @@ last=${variants##* }
 shapes="1x128x1024x1024:silu 1x256x512x512:silu 1x128x16x256x256:silu 1x512x256x256:silu 1x128x1024x2048:G16
 32x128x256x256 1x512x128x128:silu 2x320x64x64:silu 2x1280x16x16:silu"
 status=0
+started=$(date +%s)
+# Whether `need` more seconds fit in FUSED_BUDGET_S; else a line in the summary and false.
+fits() {
+  local left=$(( ${FUSED_BUDGET_S:-540} - ($(date +%s) - started) ))
+  [ "$left" -ge "$1" ] && return 0
+  step "skipped ($2): ${left} s of the budget left, it needs about $1"
+  return 1
+}
 
 step "builds: $variants"
 for v in $variants; do
@@ -49,6 +58,7 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
   [ "$round" = 1 ] && dts="fp16 bf16"
   for dt in $dts; do
     for v in $variants; do
+      fits 40 "$dt, $v, round $round" || continue
       step "$dt, $v, round $round"
       # shellcheck disable=SC2086  # (the shapes are separate arguments)
       GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 python3 scripts/time_shapes.py $shapes --dtype $dt --directions fwd,bwd \
@@ -62,20 +72,22 @@ step "the builds side by side (scripts/compare_timings.py: rounds, median / defa
 python3 scripts/compare_timings.py --dir "$out" --baseline "${variants%% *}" >"$out/compare.md" 2>&1 || status=1
 cat "$out/compare.md" >>"$out/summary.txt"
 
-if [ -z "${FUSED_SKIP_TESTS:-}" ]; then
+if [ -z "${FUSED_SKIP_TESTS:-}" ] && fits 180 "the GPU tests"; then
   step "the forward's and backward's GPU tests under $last"
-  GN_NVCC_FLAGS="$(flags_of "$last")" timeout 180 python3 -m pytest -q -p xdist -n 8 tests/gpu/test_kernels.py tests/gpu/test_acts.py \
+  GN_NVCC_FLAGS="$(flags_of "$last")" timeout 170 python3 -m pytest -q -p xdist -n 8 tests/gpu/test_kernels.py tests/gpu/test_acts.py \
     tests/gpu/test_cluster_teams.py tests/gpu/test_onepass_rounds.py tests/gpu/test_autocast_wide.py \
     tests/gpu/test_task_backward.py tests/gpu/test_task_backward_onepass.py \
     >"$out/tests_fused.log" 2>&1 || status=1
   tail -n 3 "$out/tests_fused.log" >>"$out/summary.txt"
+fi
+if [ -z "${FUSED_SKIP_TESTS:-}" ] && fits 30 "the NaN probes"; then
   step "the bundled suite's NaN probes under $last"
   GN_NVCC_FLAGS="$(flags_of "$last")" timeout 120 python3 -m pytest -q -p xdist -n 8 --pyargs pytest_gn.suite -k nan \
     >"$out/tests_nan.log" 2>&1 || status=1
   tail -n 2 "$out/tests_nan.log" >>"$out/summary.txt"
 fi
 
-if [ -n "${FUSED_NCU:-}" ] && command -v ncu >/dev/null; then
+if [ -n "${FUSED_NCU:-}" ] && command -v ncu >/dev/null && fits 120 "ncu"; then
   export GN_PROFILE_SHAPES=1x128x1024x1024:silu
   for v in default "$last"; do
     step "ncu: the fp16 SiLU apply launch, $v"
