@@ -176,8 +176,7 @@ __device__ __forceinline__ float activate(float z) {
 template <int kAct>
 __device__ __forceinline__ float through_act(float dy, float z) {
   if constexpr (kAct == kActSilu) {
-    const float s = sigmoid(z);
-    return dy * s * fmaf(z, 1.f - s, 1.f);
+    return silu_grad(dy, z, sigmoid(z));
   } else if constexpr (kAct == kActRelu) {
     return z <= 0.f ? 0.f : dy;
   } else if constexpr (kAct == kActGelu) {
