@@ -8,7 +8,8 @@
 #   paired    fused and -DGN_EXP_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
 # Times the large, mid and small rows of each, both directions, in alternating rounds (fp16 FUSED_ROUNDS
 # times, bf16 once); runs the forward and backward GPU tests under the last variant (fp64 references,
-# bitwise equality across caps and schedules, activations, clusters, rounds, autocast); then, with
+# bitwise equality across caps and schedules, activations, clusters, rounds, autocast), the bundled NaN probes,
+# and the NaN tests against the planted act-relu-nan-lost (they must go red); then, with
 # FUSED_NCU=1, Nsight Compute on the 16-bit SiLU forward apply launch of default and the last variant (pipe
 # utilization and warp stalls). Logs under OUT, the lines to read in OUT/summary.txt (the builds side by side:
 # OUT/compare.md, ratios to the first variant's medians).
@@ -85,6 +86,13 @@ if [ -z "${FUSED_SKIP_TESTS:-}" ] && fits 30 "the NaN probes"; then
   GN_NVCC_FLAGS="$(flags_of "$last")" timeout 120 python3 -m pytest -q -p xdist -n 8 --pyargs pytest_gn.suite -k nan \
     >"$out/tests_nan.log" 2>&1 || status=1
   tail -n 2 "$out/tests_nan.log" >>"$out/summary.txt"
+fi
+
+if [ -z "${FUSED_SKIP_TESTS:-}" ] && fits 60 "the planted ReLU"; then
+  step "planted act-relu-nan-lost (fmaxf: a NaN becomes 0): the NaN tests must go red"
+  GN_CSRC_DIR="$(python3 scripts/plant_bug.py act-relu-nan-lost)" timeout 90 python3 -m pytest -q -p xdist -n 8 \
+    tests/gpu/test_acts.py -k "relu and (nan or extreme)" >"$out/tests_planted_relu.log" 2>&1
+  tail -n 2 "$out/tests_planted_relu.log" >>"$out/summary.txt"
 fi
 
 if [ -n "${FUSED_NCU:-}" ] && command -v ncu >/dev/null && fits 120 "ncu"; then

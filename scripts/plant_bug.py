@@ -201,6 +201,13 @@ PLANTINGS = {
         "use 1 - sigmoid(z): y, dx, dweight and dbias are wrong wherever z is not 0 (tests/gpu/test_acts.py)",
         "silu", False,
     ),
+    "act-relu-nan-lost": Planting(
+        "gn_kernels.cuh", 'asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(z), "f"(0.f));',
+        "r = fmaxf(z, 0.f);  // PLANTED: a NaN z becomes 0",
+        "fused ReLU (relu): fmaxf(z, 0), as before session 45, turns a NaN group's y into 0 where torch "
+        "keeps NaN (tests/gpu/test_acts.py: test_nan_stays_in_its_group_like_torch, extreme pre-activations)",
+        "relu", True,
+    ),
     "combine-loads-serial": Planting(
         "gn_tasks.cuh", "#pragma unroll\n    for (int i = 0; i < kBatch; ++i) {\n      v[i] = t0 + i < hi",
         "#pragma unroll 1  // PLANTED: one partial load at a time\n    for (int i = 0; i < kBatch; ++i) {\n"
