@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
     stagger_start(a, team);  // (schedule.team_stagger: teams of several rounds take turns at the DRAM)
     for (int task = team; task < tasks; task += a.teams) {
       const bool first = task == team;
-      member_bwd_stats<T, V>(a, task, t0, t1, sm);
+      member_bwd_stats<T, V>(a, task, t0, t1, sm, true);
       if (first) trace_point(a, 2);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &target);
       if (first) trace_point(a, 3);

@@ -43,6 +43,50 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 // The largest `slots` the pipelines support (cp_async_wait's cases + 1); schedule.MAX_SLOTS.
 constexpr int kMaxSlots = 8;
 
+// ---------------------------------------------------------------- L2 eviction priorities (experiment)
+// -DGN_EXP_L2_KEEP_KB=K (0 by default: no cache hints, the default code): the chunks an apply reads
+// again soon after a member's stats are loaded with an L2 evict_last policy and every other chunk load
+// with evict_first, so that about K KB of them per launch are still in L2 when they are read again.
+// Without hints nothing stays: on the H200 a plain re-read of 32 MiB right after the first read ran at
+// x1.03 of its speed, against x1.8-1.9 up to 32 MiB read evict_last and re-read evict_first, and x1.79 at
+// 24 MiB with as many bytes written in between (RESULTS.md, design measurements; benchmarks/micro
+// measurement 4). Which chunks: a one launch re-reads a member's overflow newest first right after the
+// team's statistics; two launches re-read everything, the apply launch starting with each team's last
+// task and each member's last chunk. The hints change where bytes come from, never which bytes.
+#ifndef GN_EXP_L2_KEEP_KB
+#define GN_EXP_L2_KEEP_KB 0
+#endif
+constexpr int kL2KeepKB = GN_EXP_L2_KEEP_KB;
+
+__device__ __forceinline__ void cp_async16_hinted(void* smem, const void* gmem, uint64_t policy) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(policy)
+               : "memory");
+}
+
+// The L2 policies of one member's chunk loads of one task: chunks [keep_lo, keep_hi) evict_last, the
+// others evict_first (a hit with evict_first also demotes a kept line, so none outlives its re-read).
+struct L2Hints {
+  uint64_t keep = 0, stream = 0;
+  int keep_lo = 0, keep_hi = 0;
+  __device__ uint64_t of(int q) const { return q >= keep_lo && q < keep_hi ? keep : stream; }
+};
+
+// Hints for a member whose chunks [0, reread) of the task are read again newest first soon after
+// (0: none are; the re-reads themselves), chunks of `chunk_bytes` (x's, and dy's in the backward): the
+// newest of them that K KB hold across the launch's blocks are kept.
+__device__ __forceinline__ L2Hints l2_hints(int reread, int64_t chunk_bytes) {
+  L2Hints h;
+  if constexpr (kL2KeepKB > 0) {
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(h.keep));
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(h.stream));
+    const int64_t fit = static_cast<int64_t>(kL2KeepKB) * 1024 / (static_cast<int64_t>(gridDim.x) * chunk_bytes);
+    h.keep_hi = reread;
+    h.keep_lo = static_cast<int>(max(static_cast<int64_t>(0), reread - fit));
+  }
+  return h;
+}
+
 // ---------------------------------------------------------------- synchronisation words
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
@@ -360,10 +404,11 @@ struct TaskLane {
 
 // This thread's rows of one chunk, global memory -> its places in the slot (`s`, this thread's place
 // in the slot): 16-byte cp.async where the layout allows (V * sizeof(T) a multiple of 16: two copies
-// for the float32 dy of a wide backward), plain loads otherwise. Unrolled over the R rows (the
-// lane's, i.e. x's, bound) with constant strides.
+// for the float32 dy of a wide backward; with `l2_policy` under GN_EXP_L2_KEEP_KB), plain loads otherwise.
+// Unrolled over the R rows (the lane's, i.e. x's, bound) with constant strides.
 template <typename T, int V, int R = kChunkRowsPerThread<T, V>>
-__device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int sstep, int rows_threads, int limit) {
+__device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int sstep, int rows_threads, int limit,
+                                          uint64_t l2_policy = 0) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
   int r = 0;  // k * rows_threads, stepped (no multiplies per row)
 #pragma unroll 4  // all of R = 4 vector rows; groups of 4 of the 16 scalar ones (registers)
@@ -372,7 +417,13 @@ __device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int s
       if constexpr (kBytes % 16 == 0) {
 #pragma unroll
         for (int j = 0; j < kBytes / 16; ++j) {
-          cp_async16(reinterpret_cast<unsigned char*>(s) + 16 * j, reinterpret_cast<const unsigned char*>(g) + 16 * j);
+          void* to = reinterpret_cast<unsigned char*>(s) + 16 * j;
+          const void* from = reinterpret_cast<const unsigned char*>(g) + 16 * j;
+          if constexpr (kL2KeepKB > 0) {
+            cp_async16_hinted(to, from, l2_policy);
+          } else {
+            cp_async16(to, from);
+          }
         }
       } else {
         *reinterpret_cast<Pack<T, V>*>(s) = load_pack<T, V>(g);
@@ -655,15 +706,24 @@ __device__ __forceinline__ void walk_ring_forwards(int chunks, int slots, Read&&
   }
 }
 
+// The chunks [0, reread) of a member's range of `task` that its apply reads again soon after its stats
+// (l2_hints): in one launch, all but the last min(chunks, slots), which stay in their slots; in two,
+// all of the team's last task, where the apply launch starts (its chunks newest first), else none.
+__device__ __forceinline__ int soon_reread(const GnArgs& a, int64_t task, int chunks, bool one_launch) {
+  if (one_launch) return chunks - min(chunks, static_cast<int>(a.slots));
+  return task + a.teams >= task_count(a) ? chunks : 0;
+}
+
 // Reduces the tiles [t0, t1) of `task` chunk by chunk through the ring of `slots` chunks (the next
 // slots - 1 chunks are in flight while one is summed) and writes their partials. On return the last
 // min(slots, chunks) chunks are in their slots. Returns the number of chunks. `ring` > 0 caps the
-// slots used (the two-launch stats kernel, which keeps no chunk for an apply).
+// slots used (the two-launch stats kernel, which keeps no chunk for an apply). `one_launch`: whether
+// this block's own apply follows (else the apply launch's: soon_reread).
 // `trace`: the first of 4 trace points (copies issued, first chunk in, first tile done, all
 // done), or -1 for none.
 template <typename T, int V>
 __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
-                            int trace = -1, int ring = 0) {
+                            int trace = -1, int ring = 0, bool one_launch = true) {
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
@@ -691,10 +751,12 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   float shift[V], s1[V], s2[V];
   int in_tile = 0;
   int64_t tile = t0;
+  const L2Hints l2 = l2_hints(soon_reread(a, task, chunks, one_launch), a.chunk_rows * a.window * sizeof(T));
   walk_ring_forwards(
       chunks, ring > 0 ? min(ring, a.slots) : a.slots,
       [&](int q, int slot) {
-        if (lane.active) copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q));
+        if (lane.active)
+          copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), l2.of(q));
       },
       [&]() {
 #pragma unroll
@@ -878,9 +940,11 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
+  const L2Hints l2 = l2_hints(0, 1);  // (a re-read is the last use: evict_first)
   auto reread_into = [&](int q, int slot) {  // chunk q (if it is read again) into `slot`
     if (q >= 0 && q < fresh) {
-      if (lane.active) copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q));
+      if (lane.active)
+        copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), l2.stream);
       return 1;
     }
     return 0;
@@ -1059,7 +1123,8 @@ __device__ __forceinline__ void load_bwd_coefs(const GnArgs& a, int64_t task, co
 // parameters are loaded into sm.grp and sm.param behind the first copies. Returns the number of chunks.
 // kColdRows: the row loop a row at a time (bwd_task_stats' cold variant: cold_stats_rows).
 template <typename T, int V, typename TW = T, bool kColdRows = false>
-__device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm) {
+__device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm,
+                                bool one_launch = false) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
@@ -1083,6 +1148,7 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
   for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
   int in_tile = 0;
   int64_t tile = t0;
+  const L2Hints l2 = l2_hints(soon_reread(a, task, chunks, one_launch), a.chunk_rows * a.window * (sizeof(T) + sizeof(TW)));
   walk_ring_forwards(
       chunks, a.slots,
       [&](int q, int slot) {  // the x and dy chunks of a pair in one copy group
@@ -1090,8 +1156,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         const int64_t off = tc.offset(q);
         const int limit = tc.limit(q);
         T* s = mine + slot * sm.slot_elems;
-        copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
-        copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit);
+        copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit, l2.of(q));
+        copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit, l2.of(q));
       },
       [&] {
         load_bwd_coefs(a, task, sm, lane.col, k);
@@ -1337,14 +1403,15 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   T* mine = sm.slot0 + place;
   const int dd = dy_delta(sm, place);
   const int fresh = chunks - kept;  // chunk pairs [0, fresh) are read again; the last `kept` are in their slots
+  const L2Hints l2 = l2_hints(0, 1);  // (a re-read is the last use: evict_first)
   auto read_into = [&](int q, int slot) {
     if (q < 0 || q >= fresh) return 0;
     if (lane.active) {
       const int64_t off = tc.offset(q);
       const int limit = tc.limit(q);
       T* s = mine + slot * sm.slot_elems;
-      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit);
-      copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit);
+      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit, l2.stream);
+      copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit, l2.stream);
     }
     return 1;
   };

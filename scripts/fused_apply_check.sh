@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# The fused element loops in one GPU call, about 8 minutes on an H200 (csrc experiments, each off by
-# default): the builds of FUSED_VARIANTS (default "default fused paired"), built at once:
+# Kernel experiments in one GPU call, about 8 minutes on an H200 (csrc experiments, each off by default):
+# the builds of FUSED_VARIANTS (default "default fused paired"), built at once:
 #   fwdapply  -DGN_EXP_FUSED_APPLY=1      the forward's z = x * scale + (beta - mean * scale), 16-bit x
 #   bwdapply  -DGN_EXP_FUSED_BWD_APPLY=1  the backward's dx and z from x itself, 16-bit x
 #   bwdstats  -DGN_EXP_FUSED_BWD_STATS=1  the backward's stats without a per-element rstd multiply
 #   fused     all three
 #   paired    fused and -DGN_EXP_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
+#   l2keepM   -DGN_EXP_L2_KEEP_KB=M*1024: the chunks an apply re-reads soon loaded evict_last, about M MiB
+#             of them per launch, all other chunk loads evict_first (gn_tasks.cuh l2_hints)
+#   A+B       the flags of both (e.g. paired+l2keep24)
 # Times the large, mid and small rows of each, both directions, in alternating rounds (fp16 FUSED_ROUNDS
 # times, bf16 once); runs the forward and backward GPU tests under the last variant (fp64 references,
 # bitwise equality across caps and schedules, activations, clusters, rounds, autocast), the bundled NaN probes,
-# and the NaN tests against the planted act-relu-nan-lost (they must go red); then, with
+# and the NaN tests against the planted act-relu-nan-lost (they must go red); digests the outputs of each
+# variant made of l2keep parts only against default's (scripts/bits_digest.py: the same bits); then, with
 # FUSED_NCU=1, Nsight Compute on the 16-bit SiLU forward apply launch of default and the last variant (pipe
 # utilization and warp stalls). Logs under OUT, the lines to read in OUT/summary.txt (the builds side by side:
 # OUT/compare.md, ratios to the first variant's medians).
 #   bash scripts/fused_apply_check.sh OUT
-# Environment: FUSED_VARIANTS, FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_BUDGET_S (default
+# Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_BUDGET_S (default
 # 540: a step that would likely end past it is skipped and says so, so that one GPU call of 600 s keeps its logs).
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
 source "$(dirname "$0")/gpu_call.sh"
 gpu_call_setup fused_apply_check.sh "${1:-}"
-flags_of() {
+flag_of() {
   local all="-DGN_EXP_FUSED_APPLY=1 -DGN_EXP_FUSED_BWD_APPLY=1 -DGN_EXP_FUSED_BWD_STATS=1"
   case $1 in
     default) echo "" ;;
@@ -29,13 +33,21 @@ flags_of() {
     bwdstats) echo "-DGN_EXP_FUSED_BWD_STATS=1" ;;
     fused) echo "$all" ;;
     paired) echo "$all -DGN_EXP_SILU_PAIRED_RCP=1" ;;
+    l2keep[0-9]*) echo "-DGN_EXP_L2_KEEP_KB=$(( ${1#l2keep} * 1024 ))" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
+flags_of() {  # a variant's flags; A+B joins two variants'
+  local part flags=""
+  for part in ${1//+/ }; do
+    flags="$flags $(flag_of "$part")" || return 1
+  done
+  echo "${flags# }"
+}
 variants=${FUSED_VARIANTS:-default fused paired}
 last=${variants##* }
-shapes="1x128x1024x1024:silu 1x256x512x512:silu 1x128x16x256x256:silu 1x512x256x256:silu 1x128x1024x2048:G16
-32x128x256x256 1x512x128x128:silu 2x320x64x64:silu 2x1280x16x16:silu"
+shapes=${FUSED_SHAPES:-"1x128x1024x1024:silu 1x256x512x512:silu 1x128x16x256x256:silu 1x512x256x256:silu 1x128x1024x2048:G16
+32x128x256x256 1x512x128x128:silu 2x320x64x64:silu 2x1280x16x16:silu"}
 status=0
 started=$(date +%s)
 # Whether `need` more seconds fit in FUSED_BUDGET_S; else a line in the summary and false.
@@ -72,6 +84,25 @@ done
 step "the builds side by side (scripts/compare_timings.py: rounds, median / default's)"
 python3 scripts/compare_timings.py --dir "$out" --baseline "${variants%% *}" >"$out/compare.md" 2>&1 || status=1
 cat "$out/compare.md" >>"$out/summary.txt"
+
+# The L2 hints choose where bytes come from, never which: their builds must give default's bits.
+for v in $variants; do
+  case "+$v+" in *+l2keep*) ;; *) continue ;; esac
+  [ -n "$(echo "+$v+" | sed -E 's/\+l2keep[0-9]+//g; s/\+//g')" ] && continue  # (other flags change bits)
+  fits 60 "bits of $v" || continue
+  step "bits: default against $v (scripts/bits_digest.py, 32x128x256x256 included: one launch re-reading)"
+  for b in default "$v"; do
+    GN_NVCC_FLAGS="$(flags_of "$b")" timeout 120 python3 scripts/bits_digest.py \
+      --shapes 2x320x64x64,2x1280x16x16,1x512x128x128,1x512x256x256,32x128x256x256,3x96x17x19 \
+      >"$out/bits_$b.log" 2>&1 || status=1
+  done
+  if cmp -s "$out/bits_default.log" "$out/bits_$v.log"; then
+    step "bits of $v: the same as default ($(tail -n 1 "$out/bits_default.log"))"
+  else
+    step "bits of $v: DIFFERENT from default"; status=1
+    diff "$out/bits_default.log" "$out/bits_$v.log" | head -n 8 >>"$out/summary.txt"
+  fi
+done
 
 if [ -z "${FUSED_SKIP_TESTS:-}" ] && fits 180 "the GPU tests"; then
   step "the forward's and backward's GPU tests under $last"
