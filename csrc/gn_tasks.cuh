@@ -64,27 +64,45 @@ __device__ __forceinline__ void cp_async16_hinted(void* smem, const void* gmem, 
                : "memory");
 }
 
-// The L2 policies of one member's chunk loads of one task: chunks [keep_lo, keep_hi) evict_last, the
-// others evict_first (a hit with evict_first also demotes a kept line, so none outlives its re-read).
+// The L2 policies of one member's chunk loads of one task: chunks [keep_lo, keep_hi) evict_last, the others
+// evict_first where some are kept (so that they go before the kept ones), else evict_normal. (The policies
+// are made where a copy needs one: held in registers, the backward's stats spilled on sm_120.)
 struct L2Hints {
-  uint64_t keep = 0, stream = 0;
   int keep_lo = 0, keep_hi = 0;
-  __device__ uint64_t of(int q) const { return q >= keep_lo && q < keep_hi ? keep : stream; }
+  __device__ uint64_t of(int q) const {
+    uint64_t p = 0;
+    if constexpr (kL2KeepKB > 0) {
+      if (q >= keep_lo && q < keep_hi) {
+        asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+      } else if (keep_lo < keep_hi) {
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+      } else {
+        asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+      }
+    }
+    return p;
+  }
 };
 
 // Hints for a member whose chunks [0, reread) of the task are read again newest first soon after
-// (0: none are; the re-reads themselves), chunks of `chunk_bytes` (x's, and dy's in the backward): the
-// newest of them that K KB hold across the launch's blocks are kept.
+// (soon_reread), chunks of `chunk_bytes` (x's, and dy's in the backward): the newest of them that K KB
+// hold across the launch's blocks are kept.
 __device__ __forceinline__ L2Hints l2_hints(int reread, int64_t chunk_bytes) {
   L2Hints h;
   if constexpr (kL2KeepKB > 0) {
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(h.keep));
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(h.stream));
     const int64_t fit = static_cast<int64_t>(kL2KeepKB) * 1024 / (static_cast<int64_t>(gridDim.x) * chunk_bytes);
     h.keep_hi = reread;
     h.keep_lo = static_cast<int>(max(static_cast<int64_t>(0), reread - fit));
   }
   return h;
+}
+
+// The policy of a re-read, the last use of its bytes: evict_first (a hit also demotes a kept line, so
+// none outlives its re-read).
+__device__ __forceinline__ uint64_t l2_last_use() {
+  uint64_t p = 0;
+  if constexpr (kL2KeepKB > 0) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
 }
 
 // ---------------------------------------------------------------- synchronisation words
@@ -940,11 +958,11 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
-  const L2Hints l2 = l2_hints(0, 1);  // (a re-read is the last use: evict_first)
+  const uint64_t last_use = l2_last_use();
   auto reread_into = [&](int q, int slot) {  // chunk q (if it is read again) into `slot`
     if (q >= 0 && q < fresh) {
       if (lane.active)
-        copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), l2.stream);
+        copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), last_use);
       return 1;
     }
     return 0;
@@ -1148,7 +1166,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
   for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
   int in_tile = 0;
   int64_t tile = t0;
-  const L2Hints l2 = l2_hints(soon_reread(a, task, chunks, one_launch), a.chunk_rows * a.window * (sizeof(T) + sizeof(TW)));
+  const L2Hints l2 =
+      l2_hints(soon_reread(a, task, chunks, one_launch), a.chunk_rows * a.window * (sizeof(T) + sizeof(TW)));
   walk_ring_forwards(
       chunks, a.slots,
       [&](int q, int slot) {  // the x and dy chunks of a pair in one copy group
@@ -1403,15 +1422,15 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   T* mine = sm.slot0 + place;
   const int dd = dy_delta(sm, place);
   const int fresh = chunks - kept;  // chunk pairs [0, fresh) are read again; the last `kept` are in their slots
-  const L2Hints l2 = l2_hints(0, 1);  // (a re-read is the last use: evict_first)
+  const uint64_t last_use = l2_last_use();
   auto read_into = [&](int q, int slot) {
     if (q < 0 || q >= fresh) return 0;
     if (lane.active) {
       const int64_t off = tc.offset(q);
       const int limit = tc.limit(q);
       T* s = mine + slot * sm.slot_elems;
-      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit, l2.stream);
-      copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit, l2.stream);
+      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit, last_use);
+      copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit, last_use);
     }
     return 1;
   };

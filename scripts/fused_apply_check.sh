@@ -18,7 +18,8 @@
 # utilization and warp stalls). Logs under OUT, the lines to read in OUT/summary.txt (the builds side by side:
 # OUT/compare.md, ratios to the first variant's medians).
 #   bash scripts/fused_apply_check.sh OUT
-# Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_BUDGET_S (default
+# Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_PASSES_SHAPES (the l2keep variants' one
+# launch against two), FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_BUDGET_S (default
 # 540: a step that would likely end past it is skipped and says so, so that one GPU call of 600 s keeps its logs).
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
@@ -80,6 +81,24 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
     done
   done
 done
+
+# With the L2 hints a one launch re-reads its overflow from L2 for the most part: the rows whose one launch
+# re-reads (1x512x256x256: 10 of 16 chunks a member, 32x128x256x256: rounds; the backward's one launch is
+# GN_ARCH=tasks+bwd1's, 2 teams of 128 over 16 rounds there), one launch against two, per variant with l2keep.
+passes_builds=""
+for v in $variants; do
+  case "+$v+" in *+l2keep*) passes_builds="$passes_builds $v" ;; esac
+done
+if [ -n "$passes_builds" ]; then
+  for b in default $passes_builds; do
+    fits 60 "passes 1 and 2 of $b" || continue
+    step "one launch against two, $b (GN_ARCH=tasks+bwd1)"
+    GN_ARCH=tasks+bwd1 GN_NVCC_FLAGS="$(flags_of "$b")" timeout 120 python3 scripts/time_shapes.py \
+      ${FUSED_PASSES_SHAPES:-1x512x256x256:silu 32x128x256x256} --dtype fp16 --directions fwd,bwd --passes 2,1 \
+      --json "$out/passes_$b.json" >"$out/passes_$b.log" 2>&1 || status=1
+    rows "$out/passes_$b.log"
+  done
+fi
 
 step "the builds side by side (scripts/compare_timings.py: rounds, median / default's)"
 python3 scripts/compare_timings.py --dir "$out" --baseline "${variants%% *}" >"$out/compare.md" 2>&1 || status=1
