@@ -82,6 +82,26 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
   done
 done
 
+# The L2 hints choose where bytes come from, never which: their builds must give default's bits.
+for v in $variants; do
+  case "+$v+" in *+l2keep*) ;; *) continue ;; esac
+  [ -n "$(echo "+$v+" | sed -E 's/\+l2keep[0-9]+//g; s/\+//g')" ] && continue  # (other flags change bits)
+  fits 60 "bits of $v" || continue
+  step "bits: default against $v (scripts/bits_digest.py, 32x128x256x256 included: one launch re-reading)"
+  for b in default "$v"; do
+    [ -s "$out/bits_$b.log" ] && continue  # (default's, once)
+    GN_NVCC_FLAGS="$(flags_of "$b")" timeout 120 python3 scripts/bits_digest.py \
+      --shapes 2x320x64x64,2x1280x16x16,1x512x128x128,1x512x256x256,32x128x256x256,3x96x17x19 \
+      >"$out/bits_$b.log" 2>&1 || status=1
+  done
+  if cmp -s "$out/bits_default.log" "$out/bits_$v.log"; then
+    step "bits of $v: the same as default ($(tail -n 1 "$out/bits_default.log"))"
+  else
+    step "bits of $v: DIFFERENT from default"; status=1
+    diff "$out/bits_default.log" "$out/bits_$v.log" | head -n 8 >>"$out/summary.txt"
+  fi
+done
+
 # With the L2 hints a one launch re-reads its overflow from L2 for the most part: the rows whose one launch
 # re-reads (1x512x256x256: 10 of 16 chunks a member, 32x128x256x256: rounds; the backward's one launch is
 # GN_ARCH=tasks+bwd1's, 2 teams of 128 over 16 rounds there), one launch against two, per variant with l2keep.
@@ -110,25 +130,6 @@ fi
 step "the builds side by side (scripts/compare_timings.py: rounds, median / default's)"
 python3 scripts/compare_timings.py --dir "$out" --baseline "${variants%% *}" >"$out/compare.md" 2>&1 || status=1
 cat "$out/compare.md" >>"$out/summary.txt"
-
-# The L2 hints choose where bytes come from, never which: their builds must give default's bits.
-for v in $variants; do
-  case "+$v+" in *+l2keep*) ;; *) continue ;; esac
-  [ -n "$(echo "+$v+" | sed -E 's/\+l2keep[0-9]+//g; s/\+//g')" ] && continue  # (other flags change bits)
-  fits 60 "bits of $v" || continue
-  step "bits: default against $v (scripts/bits_digest.py, 32x128x256x256 included: one launch re-reading)"
-  for b in default "$v"; do
-    GN_NVCC_FLAGS="$(flags_of "$b")" timeout 120 python3 scripts/bits_digest.py \
-      --shapes 2x320x64x64,2x1280x16x16,1x512x128x128,1x512x256x256,32x128x256x256,3x96x17x19 \
-      >"$out/bits_$b.log" 2>&1 || status=1
-  done
-  if cmp -s "$out/bits_default.log" "$out/bits_$v.log"; then
-    step "bits of $v: the same as default ($(tail -n 1 "$out/bits_default.log"))"
-  else
-    step "bits of $v: DIFFERENT from default"; status=1
-    diff "$out/bits_default.log" "$out/bits_$v.log" | head -n 8 >>"$out/summary.txt"
-  fi
-done
 
 if [ -z "${FUSED_SKIP_TESTS:-}" ] && fits 180 "the GPU tests"; then
   step "the forward's and backward's GPU tests under $last"
