@@ -9,18 +9,20 @@
 #   l2keepM   -DGN_EXP_L2_KEEP_KB=M*1024: the chunks an apply re-reads soon loaded evict_last, about M MiB
 #             of them per launch, all other chunk loads evict_first (gn_tasks.cuh l2_hints)
 #   A+B       the flags of both (e.g. paired+l2keep24)
-# Times the large, mid and small rows of each, both directions, in alternating rounds (fp16 FUSED_ROUNDS
-# times, bf16 once); runs the forward and backward GPU tests under the last variant (fp64 references,
-# bitwise equality across caps and schedules, activations, clusters, rounds, autocast), the bundled NaN probes,
-# and the NaN tests against the planted act-relu-nan-lost (they must go red); digests the outputs of each
-# variant made of l2keep parts only against default's (scripts/bits_digest.py: the same bits); then, with
-# FUSED_NCU=1, Nsight Compute on the 16-bit SiLU forward apply launch of default and the last variant (pipe
-# utilization and warp stalls). Logs under OUT, the lines to read in OUT/summary.txt (the builds side by side:
-# OUT/compare.md, ratios to the first variant's medians).
+# In order: times the large, mid and small rows of each, both directions, in alternating rounds (fp16
+# FUSED_ROUNDS times, bf16 once); digests the outputs of each variant made of l2keep parts only against
+# default's (scripts/bits_digest.py: the same bits); times one launch against two under the l2keep builds;
+# writes OUT/compare.md (each build's rounds, its median over the first variant's); runs the forward and
+# backward GPU tests under the last variant (fp64 references, bitwise equality across caps and schedules,
+# activations, clusters, rounds, autocast), the bundled NaN probes, and the NaN tests against the planted
+# act-relu-nan-lost (they must go red); then, with FUSED_NCU=1, Nsight Compute on the 16-bit forward's apply
+# launch of default and the last variant (pipe utilization, warp stalls, L2 hit rate). Logs under OUT, the
+# lines to read in OUT/summary.txt.
 #   bash scripts/fused_apply_check.sh OUT
-# Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_PASSES_SHAPES (the l2keep variants' one
-# launch against two), FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_BUDGET_S (default
-# 540: a step that would likely end past it is skipped and says so, so that one GPU call of 600 s keeps its logs).
+# Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_PASSES_SHAPES (the l2keep builds' one
+# launch against two), FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default
+# 1x128x1024x1024:silu), FUSED_BUDGET_S (default 540: a step that would likely end past it is skipped and says
+# so, so that one GPU call of 600 s keeps its logs).
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
 source "$(dirname "$0")/gpu_call.sh"
@@ -154,13 +156,15 @@ if [ -z "${FUSED_SKIP_TESTS:-}" ] && fits 60 "the planted ReLU"; then
 fi
 
 if [ -n "${FUSED_NCU:-}" ] && command -v ncu >/dev/null && fits 120 "ncu"; then
-  export GN_PROFILE_SHAPES=1x128x1024x1024:silu
+  # (FUSED_NCU_SHAPE=1x512x256x256:silu for the l2keep builds: the apply launch's L2 hit rate)
+  export GN_PROFILE_SHAPES=${FUSED_NCU_SHAPE:-1x128x1024x1024:silu}
   for v in default "$last"; do
-    step "ncu: the fp16 SiLU apply launch, $v"
+    step "ncu: the fp16 forward's apply launch ($GN_PROFILE_SHAPES), $v"
     GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 ncu --clock-control none -k regex:fwd_task_apply --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats \
+      --section MemoryWorkloadAnalysis \
       --csv --page details python3 scripts/profile_tasks.py --once >"$out/ncu_$v.csv" 2>"$out/ncu_$v.err" || status=1
-    grep -E '"(Duration|DRAM Throughput|Issue Slots Busy|Issued Warp Per Scheduler|Executed Ipc Active|Warp Cycles Per Issued Instruction|Executed Instructions|Achieved Occupancy)"' \
+    grep -E '"(Duration|DRAM Throughput|L2 Hit Rate|Issue Slots Busy|Issued Warp Per Scheduler|Executed Ipc Active|Warp Cycles Per Issued Instruction|Executed Instructions|Achieved Occupancy)"' \
       "$out/ncu_$v.csv" | awk -F'","' '{print $(NF-2), $(NF-1), $NF}' >>"$out/summary.txt"
   done
   unset GN_PROFILE_SHAPES
