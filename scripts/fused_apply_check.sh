@@ -21,7 +21,7 @@
 #   bash scripts/fused_apply_check.sh OUT
 # Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_PASSES_SHAPES (the l2keep builds' one
 # launch against two), FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default
-# 1x128x1024x1024:silu), FUSED_BUDGET_S (default 540: a step that would likely end past it is skipped and says
+# 1x128x1024x1024:silu), FUSED_NCU_FLAGS, FUSED_BUDGET_S (default 540: a step that would likely end past it is skipped and says
 # so, so that one GPU call of 600 s keeps its logs).
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
@@ -156,11 +156,14 @@ if [ -z "${FUSED_SKIP_TESTS:-}" ] && fits 60 "the planted ReLU"; then
 fi
 
 if [ -n "${FUSED_NCU:-}" ] && command -v ncu >/dev/null && fits 120 "ncu"; then
-  # (FUSED_NCU_SHAPE=1x512x256x256:silu for the l2keep builds: the apply launch's L2 hit rate)
+  # For the l2keep builds' L2 hit rate: FUSED_NCU_SHAPE=1x512x256x256:silu and FUSED_NCU_FLAGS="--cache-control
+  # none --replay-mode application" (ncu flushes the caches before each kernel and replays it by default, which
+  # would hide what the stats launch left in L2)
   export GN_PROFILE_SHAPES=${FUSED_NCU_SHAPE:-1x128x1024x1024:silu}
   for v in default "$last"; do
     step "ncu: the fp16 forward's apply launch ($GN_PROFILE_SHAPES), $v"
-    GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 ncu --clock-control none -k regex:fwd_task_apply --section SpeedOfLight \
+    # shellcheck disable=SC2086  # (FUSED_NCU_FLAGS: separate options)
+    GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 ncu --clock-control none ${FUSED_NCU_FLAGS:-} -k regex:fwd_task_apply --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats \
       --section MemoryWorkloadAnalysis \
       --csv --page details python3 scripts/profile_tasks.py --once >"$out/ncu_$v.csv" 2>"$out/ncu_$v.err" || status=1
