@@ -64,6 +64,14 @@ __device__ __forceinline__ void cp_async16_hinted(void* smem, const void* gmem, 
                : "memory");
 }
 
+// The evict_first policy: a re-read's (the last use of its bytes; a hit also demotes a kept line, so none
+// outlives its re-read), and that of the chunks that go before the kept ones.
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t p = 0;
+  if constexpr (kL2KeepKB > 0) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
 // The L2 policies of one member's chunk loads of one task: chunks [keep_lo, keep_hi) evict_last, the others
 // evict_first where some are kept (so that they go before the kept ones), else evict_normal. (The policies
 // are made where a copy needs one: held in registers, the backward's stats spilled on sm_120.)
@@ -75,7 +83,7 @@ struct L2Hints {
       if (q >= keep_lo && q < keep_hi) {
         asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
       } else if (keep_lo < keep_hi) {
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+        p = l2_evict_first();
       } else {
         asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
       }
@@ -95,14 +103,6 @@ __device__ __forceinline__ L2Hints l2_hints(int reread, int64_t chunk_bytes) {
     h.keep_lo = static_cast<int>(max(static_cast<int64_t>(0), reread - fit));
   }
   return h;
-}
-
-// The policy of a re-read, the last use of its bytes: evict_first (a hit also demotes a kept line, so
-// none outlives its re-read).
-__device__ __forceinline__ uint64_t l2_last_use() {
-  uint64_t p = 0;
-  if constexpr (kL2KeepKB > 0) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
 }
 
 // ---------------------------------------------------------------- synchronisation words
@@ -958,7 +958,7 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
-  const uint64_t last_use = l2_last_use();
+  const uint64_t last_use = l2_evict_first();  // (a re-read is the last use)
   auto reread_into = [&](int q, int slot) {  // chunk q (if it is read again) into `slot`
     if (q >= 0 && q < fresh) {
       if (lane.active)
@@ -1422,7 +1422,7 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   T* mine = sm.slot0 + place;
   const int dd = dy_delta(sm, place);
   const int fresh = chunks - kept;  // chunk pairs [0, fresh) are read again; the last `kept` are in their slots
-  const uint64_t last_use = l2_last_use();
+  const uint64_t last_use = l2_evict_first();  // (a re-read is the last use)
   auto read_into = [&](int q, int slot) {
     if (q < 0 || q >= fresh) return 0;
     if (lane.active) {
