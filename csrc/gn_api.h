@@ -50,7 +50,7 @@ typedef struct GnArgs {
   int64_t tiles_per_task;
   int64_t chunk_rows;    // rows per shared-memory chunk, a multiple of rows_threads
   uint32_t* sync;        // persistent words, zeroed once: (arrivals, flag, column count) per task
-  int64_t* trace;        // optional (profiling): per block, clock64() at phase boundaries (gn_tasks.cuh)
+  int64_t* trace;        // optional (profiling): per block, clock64() at phase boundaries (gn_task_primitives.cuh)
   // Derived task geometry, from the schedule (divisions a block's prologue would otherwise wait on).
   int32_t channels_per_group;
   int32_t groups_per_window;
@@ -71,7 +71,7 @@ typedef struct GnArgs {
   int32_t cluster_teams;
   // n / d == (umulhi(n, mul) + n) >> shift for 0 <= n < 2**31 and d each of team_size,
   // windows_per_sample, cols_threads, chunk_rows and channels_per_group (schedule.fast_divisor; task
-  // kernels: gn_tasks.cuh fast_div): a division's chain of dependent instructions, ten of them ahead of
+  // kernels: gn_task_layout.cuh fast_div): a division's chain of dependent instructions, ten of them ahead of
   // a one-launch block's first copy, becomes a multiply-high and a shift.
   uint32_t team_size_mul, team_size_shift;
   uint32_t windows_per_sample_mul, windows_per_sample_shift;

@@ -9,7 +9,7 @@ namespace gn {
 // One launch (GN_ARCH=tasks+bwd1, opt-in): the same teams, tiles and sums as the two launches above,
 // so the same bits. Each member reduces its tiles keeping its last `slots` chunk pairs on chip; the
 // task's last member sums the group partials and publishes them with the task's flag (its flag value
-// from the task's arrival counter, gn_tasks.cuh); every member then sums its share of the task's dweight/dbias strips and
+// from the task's arrival counter, gn_task_primitives.cuh); every member then sums its share of the task's dweight/dbias strips and
 // writes dx, re-reading only the chunk pairs it could not keep. Needs every block resident (a
 // cooperative launch, grid <= residency: schedule.make_task_plan).
 template <typename T, int V>

@@ -7,7 +7,7 @@
 #   fused     all three
 #   paired    fused and -DGN_EXP_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
 #   l2keepM   -DGN_EXP_L2_KEEP_KB=M*1024: the chunks an apply re-reads soon loaded evict_last, about M MiB
-#             of them per launch, all other chunk loads evict_first (gn_tasks.cuh l2_hints)
+#             of them per launch, all other chunk loads evict_first (gn_task_primitives.cuh l2_hints)
 #   A+B       the flags of both (e.g. paired+l2keep24)
 # In order: times the large, mid and small rows of each, both directions, in alternating rounds (fp16
 # FUSED_ROUNDS times, bf16 once); digests the outputs of each variant made of l2keep parts only against

@@ -119,7 +119,7 @@ PLANTINGS = {
         "c32g32 or (c100g20 and fp32)", True,
     ),
     "task-overflow-drop": Planting(
-        "gn_tasks.cuh", TASK_FINISH_TILE,
+        "gn_task_forward.cuh", TASK_FINISH_TILE,
         "          // PLANTED: a member that cannot keep all its chunks loses its first tile\n"
         "          if (!(chunks > a.slots && tile == t0))\n"
         "            finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);",
@@ -128,7 +128,7 @@ PLANTINGS = {
         "fwd and not x1-", True,
     ),
     "task-bwd-overflow-drop": Planting(
-        "gn_tasks.cuh", TASK_BWD_TILE_PARTIAL,
+        "gn_task_backward.cuh", TASK_BWD_TILE_PARTIAL,
         "          // PLANTED: a member with several tiles of a task never writes its last tile's partials\n"
         "          if (!(t1 - t0 > 1 && tile == t1 - 1))\n"
         "  " + TASK_BWD_TILE_PARTIAL,
@@ -139,7 +139,7 @@ PLANTINGS = {
         "bwd-tasks", True,
     ),
     "bwd-cold-rows-first-row": Planting(
-        "gn_tasks.cuh",
+        "gn_task_backward.cuh",
         "  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {\n    if (r < limit) {",
         "  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {\n"
         "    if (kRowAtATime && i == 0) continue;  // PLANTED: the cold variant skips a thread's first row\n"
@@ -152,7 +152,7 @@ PLANTINGS = {
         "bwd", False,
     ),
     "task-bwd1-reread-skip": Planting(
-        "gn_tasks.cuh", "    if (q < 0 || q >= fresh) return 0;",
+        "gn_task_backward.cuh", "    if (q < 0 || q >= fresh) return 0;",
         "    if (q < 0 || q >= fresh || kept > 0) return 0;  // PLANTED: no overflow read again",
         "task backward one-pass (GN_ARCH=tasks+bwd1): a member with more chunk pairs than slots never reads "
         "the ones it could not keep again, so their dx comes from whatever its slots still hold",
@@ -160,7 +160,7 @@ PLANTINGS = {
         "onepass and (caps or 300x257 or 96x96)", False,
     ),
     "task-bwd-strips-count": Planting(
-        "gn_tasks.cuh",
+        "gn_task_backward.cuh",
         "  const unsigned with_strips = static_cast<unsigned>(strips < count ? strips : count);",
         "  const unsigned with_strips = static_cast<unsigned>(strips);  // PLANTED: strips, not blocks",
         "task backward apply launch: the last block with dweight/dbias strips is awaited as if every strip "
@@ -170,7 +170,7 @@ PLANTINGS = {
         "bwd-tasks", False,
     ),
     "task-bwd-strip-blocks-late": Planting(
-        "gn_tasks.cuh",
+        "gn_task_backward.cuh",
         "  const int first = a.strip_blocks > 0 ? a.grid : 0;  // this launch's strip blocks",
         "  const int first = a.strip_blocks > 0 ? a.grid + 1 : 0;  // PLANTED: one block late",
         "task backward apply launch with strip blocks (schedule.TaskPlan.strip_blocks): the strips start one "
@@ -180,7 +180,7 @@ PLANTINGS = {
         "bwd-tasks", False,
     ),
     "wide-pair-swap": Planting(
-        "gn_tasks.cuh", "  __stcs(odd ? p + 1 : p + 2, odd ? hi : got);",
+        "gn_task_forward.cuh", "  __stcs(odd ? p + 1 : p + 2, odd ? hi : got);",
         "  __stcs(odd ? p + 1 : p + 2, odd ? got : hi);  // PLANTED: wrong half",
         "wide forward under autocast (float32 y stored by lane pairs): each lane's second store takes the "
         "other half, so half of every lane pair's 64 bytes of y are wrong where a row has an even number "
@@ -209,7 +209,8 @@ PLANTINGS = {
         "relu", True,
     ),
     "combine-loads-serial": Planting(
-        "gn_tasks.cuh", "#pragma unroll\n    for (int i = 0; i < kBatch; ++i) {\n      v[i] = t0 + i < hi",
+        "gn_task_reduce.cuh",
+        "#pragma unroll\n    for (int i = 0; i < kBatch; ++i) {\n      v[i] = t0 + i < hi",
         "#pragma unroll 1  // PLANTED: one partial load at a time\n    for (int i = 0; i < kBatch; ++i) {\n"
         "      v[i] = t0 + i < hi",
         "the combine (sum_partials) loads its batch of tile partials one at a time: the same bits, but one "
@@ -271,7 +272,7 @@ PLANTINGS = {
     # Timing experiments on the forward's stats phase (task kernels; results wrong): how much of the
     # stats launch's time is the per-element arithmetic, and how much the per-tile fold.
     "timing-fwd-less-math": Planting(
-        "gn_tasks.cuh",
+        "gn_task_reduce.cuh",
         "        const float e = to_float(x.v[v]) - shift[v];\n"
         "        s1[v] += e;\n"
         "        s2[v] = fmaf(e, e, s2[v]);",
@@ -280,7 +281,7 @@ PLANTINGS = {
         "fwd-tasks", False,
     ),
     "timing-fwd-no-fold": Planting(
-        "gn_tasks.cuh", TASK_FINISH_TILE,
+        "gn_task_forward.cuh", TASK_FINISH_TILE,
         "          // PLANTED (timing only): no per-tile fold and partial (the sums stay live)\n"
         "          if (threadIdx.x == 0 && s1[0] == 1234.5f)\n"
         "            parts[tile] = make_float2(s1[V - 1], s2[V - 1]);",
@@ -290,7 +291,7 @@ PLANTINGS = {
     # Do teams that run in lockstep (all reading, then all waiting with DRAM idle) cost the one-launch
     # forward's multi-team plans? Odd teams start GN_STAGGER_NS later (results stay right: timing only).
     "timing-fwd-copy-only": Planting(
-        "gn_tasks.cuh",
+        "gn_task_forward.cuh",
         TASK_STATS_ROWS,
         "        // PLANTED (timing only): the chunks are copied and waited for, never read",
         "task forward stats: the copy ring alone (no shared-memory reads, no arithmetic; the per-tile fold "

@@ -66,3 +66,19 @@ def test_variant_names_are_checked():
     assert build.arch_flags(None, (9, 0)) == ["-gencode=arch=compute_90,code=sm_90"]
     with pytest.raises(ValueError, match="compute_80"):
         build.arch_flags("sm_80", None)
+
+
+def test_every_header_is_in_the_cache_key(tmp_path):
+    """An edit to any header of the sources' folder rebuilds (the key once listed five headers by hand,
+    so a header split off later would have kept stale builds)."""
+    src = tmp_path / "csrc"
+    shutil.copytree(build.csrc_dir(), src)
+    names = build.headers(src)
+    assert {"gn_tasks.cuh", "gn_task_backward.cuh", "gn_api.h"} <= set(names)
+    base = build._entry_key(src, [], "13.0")
+    for name in names:
+        original = (src / name).read_text()
+        (src / name).write_text(original + "\n// edited\n")
+        assert build._entry_key(src, [], "13.0") != base, name
+        (src / name).write_text(original)
+    assert build._entry_key(src, [], "13.0") == base

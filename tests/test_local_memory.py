@@ -61,7 +61,7 @@ def test_load_batch_counter() -> None:
     assert resources.load_batches(sass) == {"k1": 2, "k2": 0}
 
 
-#: sum_partials' batch (csrc gn_tasks.cuh kBatch): its loads leave together.
+#: sum_partials' batch (csrc gn_task_reduce.cuh kBatch): its loads leave together.
 PARTIALS_BATCH = 16
 #: Kernels that combine tile partials (the stats launches, the cluster forward, the backward's apply launch:
 #: sum_partials). Not the one-launch forward (fwd_task_onepass): there ptxas issues the loads one at a time,

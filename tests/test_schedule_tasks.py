@@ -134,7 +134,7 @@ def test_slots_fill_the_budget_without_passing_it() -> None:
 
 
 def test_max_slots_matches_the_kernels() -> None:
-    text = (CSRC / "gn_tasks.cuh").read_text()
+    text = (CSRC / "gn_task_primitives.cuh").read_text()
     assert int(re.search(r"constexpr int kMaxSlots = (\d+);", text).group(1)) == schedule.MAX_SLOTS
 
 
@@ -261,7 +261,7 @@ def test_backward_plans_are_two_pass_with_their_workspace_and_two_tensors_per_sl
 
 
 def test_sync_words_per_task_match_the_kernels() -> None:
-    text = (Path(__file__).resolve().parents[1] / "csrc" / "gn_tasks.cuh").read_text()
+    text = (Path(__file__).resolve().parents[1] / "csrc" / "gn_task_primitives.cuh").read_text()
     words = int(re.search(r"constexpr int kSyncWordsPerTask = (\d+);", text).group(1))
     assert words == schedule.SYNC_WORDS_PER_TASK
     bits = int(re.search(r"constexpr int kGenerationBits = (\d+);", text).group(1))

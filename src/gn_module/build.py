@@ -36,7 +36,8 @@ from pathlib import Path
 from gn_module import _abi
 
 SOURCES = ("gn_forward.cu", "gn_backward.cu", "gn_backward_tasks.cu", "gn_backward_onepass.cu", "gn_api.cu")
-HEADERS = ("gn_api.h", "gn_launch.h", "gn_kernels.cuh", "gn_tasks.cuh", "gn_dispatch.cuh")
+#: A build's cache key covers every header beside the sources (derived, so a new header needs no listing).
+HEADER_SUFFIXES = (".h", ".cuh")
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo")
 
 _loaded: dict[str, ctypes.CDLL] = {}
@@ -116,9 +117,14 @@ def cache_root() -> Path:
     return Path(os.environ.get("GN_CACHE_DIR", Path.home() / ".cache" / "gn_module"))
 
 
+def headers(src: Path) -> tuple[str, ...]:
+    """The headers in the sources' folder `src`, by name."""
+    return tuple(sorted(p.name for p in src.iterdir() if p.suffix in HEADER_SUFFIXES))
+
+
 def _entry_key(src: Path, flags: list[str], nvcc_ver: str) -> str:
     h = hashlib.sha256()
-    for name in SOURCES + HEADERS:
+    for name in SOURCES + headers(src):
         h.update(name.encode())
         h.update((src / name).read_bytes())
     h.update(" ".join(flags).encode())

@@ -211,7 +211,7 @@ class _LaunchSwitch:
 #: On by default (session 16: the GPU suite, 1166 passed, and the plugin's task cases, 217, under it; 1-12 %
 #: faster, RESULTS.md): the two-launch task schedules start their apply launch as a programmatic dependent
 #: launch where the build runs sm_90 code, so it is scheduled while the stats launch drains and waits on the
-#: device for its writes (csrc gn_tasks.cuh, gn_dispatch.cuh). GN_DEPENDENT_LAUNCH=0 turns it off.
+#: device for its writes (csrc gn_task_primitives.cuh, gn_dispatch.cuh). GN_DEPENDENT_LAUNCH=0 turns it off.
 ENV_DEPENDENT = "GN_DEPENDENT_LAUNCH"
 _DEPENDENT = _LaunchSwitch(ENV_DEPENDENT, default=True)
 #: On by default (session 17: the GPU suite, 1219 passed, and the plugin's task cases under it; the small
@@ -372,7 +372,8 @@ def poison_outputs() -> Iterator[None]:
 @contextlib.contextmanager
 def phase_trace(blocks: int, device: torch.device | int | None = None) -> Iterator[torch.Tensor]:
     """Profiling: task kernels launched inside the block record clock64() at their phase points
-    (csrc/gn_tasks.cuh trace_point) into the yielded int64 tensor of shape (blocks, 16); -1 = not reached."""
+    (csrc/gn_task_primitives.cuh trace_point) into the yielded int64 tensor of shape (blocks, 16);
+    -1 = not reached."""
     buf = torch.full((blocks, 16), -1, dtype=torch.int64, device=torch.device("cuda", _device_index(device)))
     with _pushed(_traces, buf):
         yield buf
@@ -729,7 +730,8 @@ def _args(
 
 
 # Synchronisation words of the task kernels, per (device, stream): zeroed once, never reset (a launch's
-# last arriver rounds its counter up to the next generation; flags carry the generation: gn_tasks.cuh).
+# last arriver rounds its counter up to the next generation; flags carry the generation:
+# gn_task_primitives.cuh).
 # One buffer per stream, because two launches in flight on different streams must not share it.
 _sync_buffers: dict[tuple[int, int], torch.Tensor] = {}
 # Buffers a larger one replaced: a captured CUDA graph keeps launching with their address, so they are

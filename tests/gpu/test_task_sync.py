@@ -1,4 +1,5 @@
-"""GPU tests of the task kernels' synchronisation words (csrc gn_tasks.cuh, "Counters are never reset").
+"""GPU tests of the task kernels' synchronisation words (csrc gn_task_primitives.cuh, "Counters are never
+reset").
 
 A launch adds its arrivals to a task's counter and its last arriver rounds the counter up to the next
 multiple of 2**GENERATION_BITS; flags carry the counter's generation, so no word is ever zeroed again and
