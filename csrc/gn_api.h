@@ -88,6 +88,10 @@ typedef struct GnArgs {
   // to them (they only wait for the stats launch). 0: every block sums its share of the strips behind its
   // first dx copies. Which block sums a strip changes no bits.
   int32_t strip_blocks;
+  // Bytes of the chunks an apply re-reads soon that the task kernels' copies ask L2 to keep (evict_last),
+  // over a launch's blocks (schedule.l2_keep_bytes: a share of the device's L2; 0: no chunk is kept).
+  // Timing only: where bytes come from, never which.
+  int64_t l2_keep_bytes;
 } GnArgs;
 
 // Each returns a cudaError_t value (0 = success); gn_error_string turns it into text.

@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
     stagger_start(a, team);  // (schedule.team_stagger: teams of several rounds take turns at the DRAM)
     for (int task = team; task < tasks; task += a.teams) {
       const bool first = task == team;
-      member_bwd_stats<T, V>(a, task, t0, t1, sm, true);
+      member_bwd_stats<T, V, T, false, true>(a, task, t0, t1, sm);
       if (first) trace_point(a, 2);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &target);
       if (first) trace_point(a, 3);
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
       const int r = with_act(a.act, [&](auto act) {  // (each ends with a barrier)
         const int kept = min((t1 - t0) * chunks_per_tile(a), a.slots);  // what member_bwd_stats left on chip
         // (two rows at once: bwd_row_unroll)
-        return member_bwd_apply<T, V, decltype(act)::value, T, NoStep, false>(a, task, t0, t1, sm, kept);
+        return member_bwd_apply<T, V, decltype(act)::value, T, NoStep, false, true>(a, task, t0, t1, sm, kept);
       });
       if (first) trace_point(a, 10);
       if (threadIdx.x == 0) {

@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
     const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
     for (int64_t task = team; task < task_count(a); task += a.teams) {
       // (timeline builds: points 5-8 inside the first task's stats, 12 arrived, 13 combined)
-      member_stats<T, V>(a, task, t0, t1, sm, kTimeline && task == team ? 5 : -1, kStatsRing, false);
+      member_stats<T, V, false>(a, task, t0, t1, sm, kTimeline && task == team ? 5 : -1, kStatsRing);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       if (kTimeline) trace_point(a, 12);
       if (last) {
@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
       const bool first = task == last;
       load_task_params(a, task, sm.param);
       // behind the first copies (x is the stats launch's input, never its output): mean and rstd
-      reread += member_apply<T, V, TY>(a, task, t0, t1, sm, 0, [&] {
+      reread += member_apply<T, V, TY, false>(a, task, t0, t1, sm, 0, [&] {
         if (first) wait_for_prerequisites();  // (uniform in the block)
         load_group_stats(a, task, sm.grp);
         __syncthreads();

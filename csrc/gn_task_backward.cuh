@@ -160,11 +160,12 @@ __device__ __forceinline__ void load_bwd_coefs(const GnArgs& a, int64_t task, co
 // The backward stats of the tiles [t0, t1) of `task`: x and dy chunk by chunk through the ring of
 // `slots` chunk pairs, one per-channel and one per-group partial per tile. The task's statistics and
 // parameters are loaded into sm.grp and sm.param behind the first copies. Returns the number of chunks.
-// kColdRows: the row loop a row at a time (bwd_task_stats' cold variant: cold_stats_rows).
-template <typename T, int V, typename TW = T, bool kColdRows = false>
-__device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm,
-                                bool one_launch = false) {
+// kColdRows: the row loop a row at a time (bwd_task_stats' cold variant: cold_stats_rows). kOneLaunch:
+// this block's own apply follows (bwd_task_onepass), so the copies carry the L2 hints for its re-reads.
+template <typename T, int V, typename TW = T, bool kColdRows = false, bool kOneLaunch = false>
+__device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm) {
   constexpr int R = kChunkRowsPerThread<T, V>;
+  constexpr bool kHinted = kL2Hints && kOneLaunch;
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t base = task_sample(a, task) * a.s * a.c + task_c0(a, task);
@@ -187,8 +188,10 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
   for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
   int in_tile = 0;
   int64_t tile = t0;
-  const L2Hints l2 =
-      l2_hints(soon_reread(a, task, chunks, one_launch), a.chunk_rows * a.window * (sizeof(T) + sizeof(TW)));
+  L2Hints l2;
+  if constexpr (kHinted) {
+    l2 = l2_hints(a, one_launch_reread(a, chunks), a.chunk_rows * a.window * (sizeof(T) + sizeof(TW)));
+  }
   walk_ring_forwards(
       chunks, a.slots,
       [&](int q, int slot) {  // the x and dy chunks of a pair in one copy group
@@ -196,8 +199,9 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         const int64_t off = tc.offset(q);
         const int limit = tc.limit(q);
         T* s = mine + slot * sm.slot_elems;
-        copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit, l2.of(q));
-        copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit, l2.of(q));
+        copy_rows<T, V, R, kHinted>(x + off, gstep, s, sstep, rt, limit, kHinted ? l2.of(q) : 0);
+        copy_rows<TW, V, R, kHinted>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit,
+                                     kHinted ? l2.of(q) : 0);
       },
       [&] {
         load_bwd_coefs(a, task, sm, lane.col, k);
@@ -402,10 +406,12 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
 // `kept` are still in their slots (the one-pass kernel: member_bwd_stats just read them), the others are
 // read again (the activation a template parameter: one set of live coefficients per instantiation). Behind
 // the first copies: the task's parameters, statistics and per-group (A / M, B / M) into sm.param,
-// sm.grp and sm.coef, after `behind_copies()` (every thread). Returns the number of chunks read.
+// sm.grp and sm.coef, after `behind_copies()` (every thread). kOneLaunch: the re-reads carry the L2 policy
+// of a last use (bwd_task_onepass). Returns the number of chunks read.
 
 
-template <typename T, int V, int kAct, typename TW = T, typename Step = NoStep, bool kRowAtATime = true>
+template <typename T, int V, int kAct, typename TW = T, typename Step = NoStep, bool kRowAtATime = true,
+          bool kOneLaunch = false>
 __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T, TW>& sm,
                                 int kept = 0, Step behind_copies = Step{}) {
   constexpr int R = kChunkRowsPerThread<T, V>;
@@ -443,15 +449,16 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
   T* mine = sm.slot0 + place;
   const int dd = dy_delta(sm, place);
   const int fresh = chunks - kept;  // chunk pairs [0, fresh) are read again; the last `kept` are in their slots
-  const uint64_t last_use = l2_evict_first();  // (a re-read is the last use)
+  constexpr bool kHinted = kL2Hints && kOneLaunch;
+  const uint64_t last_use = kHinted ? l2_evict_first() : 0;  // (a re-read is the last use)
   auto read_into = [&](int q, int slot) {
     if (q < 0 || q >= fresh) return 0;
     if (lane.active) {
       const int64_t off = tc.offset(q);
       const int limit = tc.limit(q);
       T* s = mine + slot * sm.slot_elems;
-      copy_rows<T, V>(x + off, gstep, s, sstep, rt, limit, last_use);
-      copy_rows<TW, V, R>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit, last_use);
+      copy_rows<T, V, R, kHinted>(x + off, gstep, s, sstep, rt, limit, last_use);
+      copy_rows<TW, V, R, kHinted>(dy + off, gstep, const_cast<TW*>(dy_at<T, TW>(s, dd)), sstep, rt, limit, last_use);
     }
     return 1;
   };

@@ -34,24 +34,23 @@ __device__ __forceinline__ void walk_ring_forwards(int chunks, int slots, Read&&
   }
 }
 
-// The chunks [0, reread) of a member's range of `task` that its apply reads again soon after its stats
-// (l2_hints): in one launch, all but the last min(chunks, slots), which stay in their slots; in two,
-// all of the team's last task, where the apply launch starts (its chunks newest first), else none.
-__device__ __forceinline__ int soon_reread(const GnArgs& a, int64_t task, int chunks, bool one_launch) {
-  if (one_launch) return chunks - min(chunks, static_cast<int>(a.slots));
-  return task + a.teams >= task_count(a) ? chunks : 0;
+// The chunks [0, reread) of a one-launch member's range that its apply reads again right after the team's
+// statistics (l2_hints): all but the last min(chunks, slots), which stay in their slots.
+__device__ __forceinline__ int one_launch_reread(const GnArgs& a, int chunks) {
+  return chunks - min(chunks, static_cast<int>(a.slots));
 }
 
 // Reduces the tiles [t0, t1) of `task` chunk by chunk through the ring of `slots` chunks (the next
 // slots - 1 chunks are in flight while one is summed) and writes their partials. On return the last
 // min(slots, chunks) chunks are in their slots. Returns the number of chunks. `ring` > 0 caps the
-// slots used (the two-launch stats kernel, which keeps no chunk for an apply). `one_launch`: whether
-// this block's own apply follows (else the apply launch's: soon_reread).
+// slots used (the two-launch stats kernel, which keeps no chunk for an apply). kOneLaunch: this block's own
+// apply follows, so the copies carry the L2 hints for its re-reads (l2_hints); the two-launch stats' carry none.
 // `trace`: the first of 4 trace points (copies issued, first chunk in, first tile done, all
 // done), or -1 for none.
-template <typename T, int V>
+template <typename T, int V, bool kOneLaunch = true>
 __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
-                            int trace = -1, int ring = 0, bool one_launch = true) {
+                            int trace = -1, int ring = 0) {
+  constexpr bool kHinted = kL2Hints && kOneLaunch;
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
@@ -79,12 +78,14 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   float shift[V], s1[V], s2[V];
   int in_tile = 0;
   int64_t tile = t0;
-  const L2Hints l2 = l2_hints(soon_reread(a, task, chunks, one_launch), a.chunk_rows * a.window * sizeof(T));
+  L2Hints l2;
+  if constexpr (kHinted) l2 = l2_hints(a, one_launch_reread(a, chunks), a.chunk_rows * a.window * sizeof(T));
   walk_ring_forwards(
       chunks, ring > 0 ? min(ring, a.slots) : a.slots,
       [&](int q, int slot) {
         if (lane.active)
-          copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), l2.of(q));
+          copy_rows<T, V, kChunkRowsPerThread<T, V>, kHinted>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems,
+                                                              sstep, rt, tc.limit(q), kHinted ? l2.of(q) : 0);
       },
       [&]() {
 #pragma unroll
@@ -249,9 +250,9 @@ __device__ __forceinline__ int walk_ring_backwards(int chunks, int slots, Read&&
 // Writes y for the tiles [t0, t1) of `task`, chunks in reverse order, with the group statistics in
 // sm.grp and the parameters in sm.param, visible once `behind_copies()` (every thread; it may hold a
 // barrier) has run behind the first copies. The last `kept` chunks are already in their slots
-// (member_stats just read them); the others are read again, each into the slot its successor frees.
-// Returns the number of chunks re-read.
-template <typename T, int V, typename TY = T, typename Step = NoStep>
+// (member_stats just read them); the others are read again, each into the slot its successor frees, in a one
+// launch (kOneLaunch) with the L2 policy of a last use. Returns the number of chunks re-read.
+template <typename T, int V, typename TY = T, bool kOneLaunch = true, typename Step = NoStep>
 __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
                             int kept, Step behind_copies = Step{}) {
   const TaskLane lane(a);
@@ -268,11 +269,13 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   const int sstep = rt * static_cast<int>(a.window);
   const int64_t gstep = static_cast<int64_t>(rt) * a.c;
   T* mine = sm.slot0 + lane.row * static_cast<int>(a.window) + lane.col * V;
-  const uint64_t last_use = l2_evict_first();  // (a re-read is the last use)
+  constexpr bool kHinted = kL2Hints && kOneLaunch;
+  const uint64_t last_use = kHinted ? l2_evict_first() : 0;  // (a re-read is the last use)
   auto reread_into = [&](int q, int slot) {  // chunk q (if it is read again) into `slot`
     if (q >= 0 && q < fresh) {
       if (lane.active)
-        copy_rows<T, V>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), last_use);
+        copy_rows<T, V, kChunkRowsPerThread<T, V>, kHinted>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems,
+                                                            sstep, rt, tc.limit(q), last_use);
       return 1;
     }
     return 0;

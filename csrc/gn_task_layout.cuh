@@ -164,9 +164,9 @@ struct TaskLane {
 
 // This thread's rows of one chunk, global memory -> its places in the slot (`s`, this thread's place
 // in the slot): 16-byte cp.async where the layout allows (V * sizeof(T) a multiple of 16: two copies
-// for the float32 dy of a wide backward; with `l2_policy` under GN_EXP_L2_KEEP_KB), plain loads otherwise.
-// Unrolled over the R rows (the lane's, i.e. x's, bound) with constant strides.
-template <typename T, int V, int R = kChunkRowsPerThread<T, V>>
+// for the float32 dy of a wide backward; kHinted: with the L2 policy `l2_policy`, the one launch's), plain
+// loads otherwise. Unrolled over the R rows (the lane's, i.e. x's, bound) with constant strides.
+template <typename T, int V, int R = kChunkRowsPerThread<T, V>, bool kHinted = false>
 __device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int sstep, int rows_threads, int limit,
                                           uint64_t l2_policy = 0) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
@@ -179,7 +179,7 @@ __device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int s
         for (int j = 0; j < kBytes / 16; ++j) {
           void* to = reinterpret_cast<unsigned char*>(s) + 16 * j;
           const void* from = reinterpret_cast<const unsigned char*>(g) + 16 * j;
-          if constexpr (kL2KeepKB > 0) {
+          if constexpr (kHinted) {
             cp_async16_hinted(to, from, l2_policy);
           } else {
             cp_async16(to, from);

@@ -30,20 +30,28 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 // The largest `slots` the pipelines support (cp_async_wait's cases + 1); schedule.MAX_SLOTS.
 constexpr int kMaxSlots = 8;
 
-// ---------------------------------------------------------------- L2 eviction priorities (experiment)
-// -DGN_EXP_L2_KEEP_KB=K (0 by default: no cache hints, the default code): the chunks an apply reads
-// again soon after a member's stats are loaded with an L2 evict_last policy and every other chunk load
-// with evict_first, so that about K KB of them per launch are still in L2 when they are read again.
-// Without hints nothing stays: on the H200 a plain re-read of 32 MiB right after the first read ran at
-// x1.03 of its speed, against x1.8-1.9 up to 32 MiB read evict_last and re-read evict_first, and x1.79 at
-// 24 MiB with as many bytes written in between (RESULTS.md, design measurements; benchmarks/micro
-// measurement 4). Which chunks: a one launch re-reads a member's overflow newest first right after the
-// team's statistics; two launches re-read everything, the apply launch starting with each team's last
-// task and each member's last chunk. The hints change where bytes come from, never which bytes.
+// ---------------------------------------------------------------- L2 eviction priorities
+// A one launch re-reads each member's overflow (the chunks beyond its slots) newest first right after the
+// team's statistics. Plain loads leave nothing of it in L2 by then (H200, benchmarks/micro measurement 4: a
+// re-read of 32 MiB ran x1.03 of the first read's speed), so the one launch's stats load the newest of those
+// chunks that GnArgs::l2_keep_bytes hold across the launch's blocks with an L2 evict_last policy and its
+// other chunks evict_first, and every re-read loads evict_first (the bytes' last use; a hit also demotes a
+// kept line). RESULTS.md session 47: 32x128x256x256's one-launch forward 399 -> 383 us, its one-launch
+// backward 679 -> 616 us. The two launches' copies carry no hints: kept there (each team's last task, where
+// the apply launch starts), the rows lost 1.5-6 %. The hints change where bytes come from, never which.
+// Opt-in until the GPU suite has passed with them: -DGN_L2_HINTS=1 builds the one launch with them;
+// -DGN_EXP_L2_KEEP_KB=K with them and K KB kept whatever GnArgs says.
+#ifndef GN_L2_HINTS
+#define GN_L2_HINTS 0
+#endif
 #ifndef GN_EXP_L2_KEEP_KB
 #define GN_EXP_L2_KEEP_KB 0
 #endif
-constexpr int kL2KeepKB = GN_EXP_L2_KEEP_KB;
+constexpr bool kL2Hints = GN_L2_HINTS != 0 || GN_EXP_L2_KEEP_KB > 0;
+
+__device__ __forceinline__ int64_t l2_keep_bytes(const GnArgs& a) {
+  return GN_EXP_L2_KEEP_KB > 0 ? static_cast<int64_t>(GN_EXP_L2_KEEP_KB) * 1024 : a.l2_keep_bytes;
+}
 
 __device__ __forceinline__ void cp_async16_hinted(void* smem, const void* gmem, uint64_t policy) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -51,11 +59,11 @@ __device__ __forceinline__ void cp_async16_hinted(void* smem, const void* gmem, 
                : "memory");
 }
 
-// The evict_first policy: a re-read's (the last use of its bytes; a hit also demotes a kept line, so none
-// outlives its re-read), and that of the chunks that go before the kept ones.
+// The evict_first policy: a re-read's (the last use of its bytes), and that of the chunks that go before the
+// kept ones.
 __device__ __forceinline__ uint64_t l2_evict_first() {
-  uint64_t p = 0;
-  if constexpr (kL2KeepKB > 0) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  uint64_t p;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
 
@@ -65,30 +73,26 @@ __device__ __forceinline__ uint64_t l2_evict_first() {
 struct L2Hints {
   int keep_lo = 0, keep_hi = 0;
   __device__ uint64_t of(int q) const {
-    uint64_t p = 0;
-    if constexpr (kL2KeepKB > 0) {
-      if (q >= keep_lo && q < keep_hi) {
-        asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-      } else if (keep_lo < keep_hi) {
-        p = l2_evict_first();
-      } else {
-        asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-      }
+    uint64_t p;
+    if (q >= keep_lo && q < keep_hi) {
+      asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    } else if (keep_lo < keep_hi) {
+      p = l2_evict_first();
+    } else {
+      asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
     }
     return p;
   }
 };
 
-// Hints for a member whose chunks [0, reread) of the task are read again newest first soon after
-// (soon_reread), chunks of `chunk_bytes` (x's, and dy's in the backward): the newest of them that K KB
-// hold across the launch's blocks are kept.
-__device__ __forceinline__ L2Hints l2_hints(int reread, int64_t chunk_bytes) {
+// Hints for a member of a one launch whose chunks [0, reread) of the task are read again newest first right
+// after its stats, chunks of `chunk_bytes` (x's, and dy's in the backward): the newest of them that
+// l2_keep_bytes hold across the launch's blocks are kept (schedule.l2_kept_chunks).
+__device__ __forceinline__ L2Hints l2_hints(const GnArgs& a, int reread, int64_t chunk_bytes) {
   L2Hints h;
-  if constexpr (kL2KeepKB > 0) {
-    const int64_t fit = static_cast<int64_t>(kL2KeepKB) * 1024 / (static_cast<int64_t>(gridDim.x) * chunk_bytes);
-    h.keep_hi = reread;
-    h.keep_lo = static_cast<int>(max(static_cast<int64_t>(0), reread - fit));
-  }
+  const int64_t fit = l2_keep_bytes(a) / (static_cast<int64_t>(gridDim.x) * chunk_bytes);
+  h.keep_hi = reread;
+  h.keep_lo = static_cast<int>(max(static_cast<int64_t>(0), reread - fit));
   return h;
 }
 

@@ -7,7 +7,10 @@
 #   fused     all three
 #   paired    fused and -DGN_EXP_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
 #   l2keepM   -DGN_EXP_L2_KEEP_KB=M*1024: the chunks an apply re-reads soon loaded evict_last, about M MiB
-#             of them per launch, all other chunk loads evict_first (gn_task_primitives.cuh l2_hints)
+#             of them per launch, the one launch's other chunk loads evict_first (gn_task_primitives.cuh
+#             l2_hints), whatever GnArgs.l2_keep_bytes (schedule.l2_keep_bytes: a share of the L2) says
+#   l2        -DGN_L2_HINTS=1: the one launch's copies with the L2 hints, GnArgs.l2_keep_bytes kept
+#   nol2      -DGN_L2_HINTS=0: the copies without L2 hints (the default build, for now)
 #   A+B       the flags of both (e.g. paired+l2keep24)
 # In order: times the large, mid and small rows of each, both directions, in alternating rounds (fp16
 # FUSED_ROUNDS times, bf16 once); digests the outputs of each variant made of l2keep parts only against
@@ -37,6 +40,8 @@ flag_of() {
     fused) echo "$all" ;;
     paired) echo "$all -DGN_EXP_SILU_PAIRED_RCP=1" ;;
     l2keep[0-9]*) echo "-DGN_EXP_L2_KEEP_KB=$(( ${1#l2keep} * 1024 ))" ;;
+    l2) echo "-DGN_L2_HINTS=1" ;;
+    nol2) echo "-DGN_L2_HINTS=0" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
@@ -84,10 +89,11 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
   done
 done
 
-# The L2 hints choose where bytes come from, never which: their builds must give default's bits.
+# The L2 hints choose where bytes come from, never which: the builds that change only them (l2keepM, nol2)
+# must give default's bits.
 for v in $variants; do
-  case "+$v+" in *+l2keep*) ;; *) continue ;; esac
-  [ -n "$(echo "+$v+" | sed -E 's/\+l2keep[0-9]+//g; s/\+//g')" ] && continue  # (other flags change bits)
+  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*) ;; *) continue ;; esac
+  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2)//g; s/\+//g')" ] && continue  # (other flags change bits)
   fits 60 "bits of $v" || continue
   step "bits: default against $v (scripts/bits_digest.py, 32x128x256x256 included: one launch re-reading)"
   for b in default "$v"; do
@@ -109,7 +115,7 @@ done
 # GN_ARCH=tasks+bwd1's, 2 teams of 128 over 16 rounds there), one launch against two, per variant with l2keep.
 passes_builds=""
 for v in $variants; do
-  case "+$v+" in *+l2keep*) passes_builds="$passes_builds $v" ;; esac
+  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*) passes_builds="$passes_builds $v" ;; esac
 done
 if [ -n "$passes_builds" ]; then
   for b in default $passes_builds; do

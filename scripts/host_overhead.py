@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 import gn_module
-from gn_module import _abi, autograd_node, functional, ops
+from gn_module import _abi, autograd_node, functional, ops, schedule
 
 TARGET_US = 20.0
 SHAPE = (2, 64, 8, 8)
@@ -357,6 +357,10 @@ def c_stub_library(directory: Path) -> ctypes.CDLL | None:
     return dll
 
 
+#: The L2 cpu_device reports (an H200's 60 MB: ops._l2_keep_bytes).
+H200_L2_BYTES = 60 * 10**6
+
+
 @contextlib.contextmanager
 def cpu_device(lib: object, blocks_per_sm: int = 2, sm_count: int = 132) -> Iterator[object]:
     """Run gn_module's fast route on CPU tensors: CPU counts as the kernels' device, the device facts
@@ -366,6 +370,7 @@ def cpu_device(lib: object, blocks_per_sm: int = 2, sm_count: int = 132) -> Iter
         (functional, "_on_device", operator.attrgetter("is_cpu")),
         (torch.cuda, "is_available", lambda: True),
         (ops, "_sm_count", lambda index: sm_count),
+        (ops, "_l2_keep_bytes", lambda index: schedule.l2_keep_bytes(H200_L2_BYTES)),
         (ops, "_occupancy", lambda *key: blocks_per_sm),
         (ops, "_task_occupancy", lambda *key: blocks_per_sm),
         (ops, "_task_smem_budget", lambda index: 227 * 1024),

@@ -96,6 +96,7 @@ class GnArgs(ctypes.Structure):
         ("stagger_ns", _i32),  # the one-launch forward's team stagger (schedule.team_stagger; 0: off)
         ("stagger_phases", _i32),  # team j starts (j % stagger_phases) * stagger_ns late
         ("strip_blocks", _i32),  # backward apply launch: extra blocks for the dweight/dbias strips
+        ("l2_keep_bytes", _i64),  # re-read chunks the copies ask L2 to keep (schedule.l2_keep_bytes; 0: none)
     ]
 
 

@@ -400,6 +400,13 @@ def _sm_count(index: int) -> int:
 
 
 @functools.cache
+def _l2_keep_bytes(index: int) -> int:
+    """GnArgs.l2_keep_bytes on this device: schedule.l2_keep_bytes of its L2 (0 where torch does not say)."""
+    l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0)
+    return schedule.l2_keep_bytes(int(l2 or 0))
+
+
+@functools.cache
 def library(device: int, variant: str | None = None) -> ctypes.CDLL:
     """The compiled library for `device` (built on first use); cached, it is on every call's path."""
     return build.load(variant, torch.cuda.get_device_capability(device))
@@ -956,6 +963,7 @@ def _new_launch(key: tuple) -> _Launch | object:
     if isinstance(p, schedule.TaskPlan):
         a.stagger_ns, a.stagger_phases = schedule.team_stagger(p, *stagger)
         a.strip_blocks = p.strip_blocks if strips else 0
+        a.l2_keep_bytes = _l2_keep_bytes(index)
     lib = library(index, variant)
     dependent = dependent and isinstance(p, schedule.TaskPlan) and p.schedule == 2
     clusters = clusters and isinstance(p, schedule.TaskPlan) and schedule.cluster_teams_fit(p)

@@ -410,6 +410,27 @@ BWD_STRIP_CHANNELS = 32
 #: Low bits of an arrival counter that count one launch's arrivals (csrc kGenerationBits): the high bits
 #: number the launches, and a task launch has fewer blocks than 2**GENERATION_BITS (`make_task_plan`).
 GENERATION_BITS = 16
+#: Share of the device's L2 that a one launch asks to keep for the overflow chunks its apply re-reads
+#: (GnArgs.l2_keep_bytes, csrc l2_hints). On the H200 (60 MB of L2; benchmarks/micro measurement 4, RESULTS.md
+#: design measurements) a re-read of S MiB read with evict_last and re-read with evict_first ran x1.8-1.9 of
+#: the first read's speed up to 32 MiB; with as many bytes written in between, x1.79 at 24 MiB but x1.15 at
+#: 32: so 0.4, about 24 MiB there. (Plain loads kept nothing: x1.03 at 32 MiB.) Session 47: 24 and 32 MiB
+#: within 2 % of each other on 32x128x256x256's one launch, 24 ahead staggered and in the backward.
+L2_KEEP_SHARE = 0.4
+
+
+def l2_keep_bytes(l2_cache_bytes: int) -> int:
+    """GnArgs.l2_keep_bytes for a device with `l2_cache_bytes` of L2: L2_KEEP_SHARE of it (0 when unknown)."""
+    return max(0, int(l2_cache_bytes * L2_KEEP_SHARE))
+
+
+def l2_kept_chunks(keep_bytes: int, blocks: int, chunk_bytes: int, reread: int) -> int:
+    """How many of a one-launch member's `reread` overflow chunks its copies ask L2 to keep (csrc l2_hints,
+    the same formula): `keep_bytes` over the launch's `blocks` chunks of `chunk_bytes` (x, and dy in the
+    backward), the newest of them."""
+    if keep_bytes <= 0 or blocks < 1 or chunk_bytes < 1:
+        return 0
+    return max(0, min(reread, keep_bytes // (blocks * chunk_bytes)))
 
 
 def max_tiles_per_task(channels: int, window: int, batch: int = 1, direction: str = "fwd") -> int:

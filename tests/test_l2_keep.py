@@ -1,0 +1,70 @@
+"""The L2 hints' budget without a GPU (csrc l2_hints, schedule.l2_keep_bytes): how much of the device's L2 a
+one launch asks to keep for the overflow chunks its apply re-reads, how many of a member's chunks that is, and
+that every task launch carries it (GnArgs.l2_keep_bytes) while the tile kernels' launches do not. The hints
+change no bit: a GPU compares the outputs with and without them (scripts/fused_apply_check.sh, bits)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from arch_stub import ArchStub, host_overhead
+
+from gn_module import _abi, ops, schedule
+
+H200_L2 = host_overhead.H200_L2_BYTES  # what host_overhead.cpu_device reports
+
+
+@pytest.fixture(autouse=True)
+def _no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (ops.ENV_CAP, ops.ENV_ARCH):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_keep_a_share_of_the_device_l2() -> None:
+    assert schedule.l2_keep_bytes(H200_L2) == int(H200_L2 * schedule.L2_KEEP_SHARE)
+    # the H200's measured safe size (x1.79 at 24 MiB with writes in between, x1.15 at 32 MiB)
+    assert 20 * 2**20 <= schedule.l2_keep_bytes(H200_L2) <= 28 * 2**20
+    assert schedule.l2_keep_bytes(0) == 0  # torch does not know the L2: no hints
+    assert schedule.l2_keep_bytes(4 * 2**20) < 2 * 2**20  # Orin's 4 MB
+
+
+@pytest.mark.parametrize(
+    "blocks, chunk_bytes, reread, kept",
+    [
+        (256, 16 << 10, 10, 6),  # 32x128x256x256 fwd, one launch: 6 of its 10 overflow chunks
+        (256, 16 << 10, 58, 6),  # 1x128x1024x1024 fwd forced into one launch: 6 of 58
+        (256, 32 << 10, 5, 3),  # a backward chunk pair is x and dy
+        (256, 16 << 10, 4, 4),  # all of them fit
+        (256, 16 << 10, 0, 0),  # nothing re-read soon
+        (10**6, 16 << 10, 10, 0),  # more blocks than the budget has chunks
+    ],
+)
+def test_kept_chunks_the_newest_that_fit(blocks: int, chunk_bytes: int, reread: int, kept: int) -> None:
+    assert schedule.l2_kept_chunks(24 << 20, blocks, chunk_bytes, reread) == kept
+
+
+def test_no_budget_keeps_nothing() -> None:
+    assert schedule.l2_kept_chunks(0, 256, 16 << 10, 10) == 0
+    assert schedule.l2_kept_chunks(24 << 20, 0, 16 << 10, 10) == 0
+
+
+def l2_keep_asked(direction: str, arch: str, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setenv(ops.ENV_ARCH, arch)
+    x = torch.randn(2, 320, 16, 16).half().contiguous(memory_format=torch.channels_last)
+    with host_overhead.cpu_device(ArchStub(900)):
+        launch = ops._launch(direction, x, x.get_device(), True, 32, 1e-5, 1, 2, None)
+    return _abi.GnArgs.from_buffer_copy(launch.args).l2_keep_bytes
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_task_launches_carry_the_budget(direction: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert l2_keep_asked(direction, "tasks+bwd", monkeypatch) == schedule.l2_keep_bytes(H200_L2)
+
+
+def test_tile_launches_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert l2_keep_asked("fwd", "tiles", monkeypatch) == 0
+
+
+def test_the_field_closes_the_abi() -> None:
+    last_name, last_type = _abi.GnArgs._fields_[-1]
+    assert (last_name, last_type) == ("l2_keep_bytes", _abi._i64)
