@@ -151,16 +151,10 @@ __device__ __forceinline__ const TW* dy_at(const T* x_place, int delta) {
   return reinterpret_cast<const TW*>(reinterpret_cast<const unsigned char*>(x_place) + delta);
 }
 
-// A thread's place in a chunk: one column of V channels, rows `row`, `row + rows_threads`, ... The
-// thread copies, reduces and applies exactly these elements of every chunk, so the chunk slots
-// need no barriers: each thread waits for its own copies only.
-struct TaskLane {
-  int col, row;
-  bool active;
-  __device__ explicit TaskLane(const GnArgs& a)
-      : col(threadIdx.x % a.cols_threads), row(threadIdx.x / a.cols_threads),
-        active(threadIdx.x / a.cols_threads < a.rows_threads) {}
-};
+// A thread's place in a chunk: the tile kernels' Lane, one column of V channels, rows `row`,
+// `row + rows_threads`, ... The thread copies, reduces and applies exactly these elements of every chunk,
+// so the chunk slots need no barriers: each thread waits for its own copies only.
+using TaskLane = Lane;
 
 // This thread's rows of one chunk, global memory -> its places in the slot (`s`, this thread's place
 // in the slot): 16-byte cp.async where the layout allows (V * sizeof(T) a multiple of 16: two copies
