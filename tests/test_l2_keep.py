@@ -5,11 +5,14 @@ change no bit: a GPU compares the outputs with and without them (scripts/fused_a
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from arch_stub import ArchStub, host_overhead
 
-from gn_module import _abi, ops, schedule
+from gn_module import _abi, ops, profiles, schedule
 
 H200_L2 = host_overhead.H200_L2_BYTES  # what host_overhead.cpu_device reports
 
@@ -68,3 +71,42 @@ def test_tile_launches_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_field_closes_the_abi() -> None:
     last_name, last_type = _abi.GnArgs._fields_[-1]
     assert (last_name, last_type) == ("l2_keep_bytes", _abi._i64)
+
+
+def test_the_hints_default_is_the_kernels() -> None:
+    """schedule.L2_HINTS says whether the kernels' one launch carries the hints by default (csrc GN_L2_HINTS):
+    `auto` counts on them only then."""
+    text = (Path(__file__).resolve().parents[1] / "csrc" / "gn_task_primitives.cuh").read_text()
+    default = int(re.search(r"#define GN_L2_HINTS (\d+)", text).group(1))
+    assert bool(default) == schedule.L2_HINTS
+
+
+def h200_choice(shape: tuple[int, int, int], direction: str, keep: int, groups: int = 32) -> int:
+    n, c, s = shape
+    t = schedule.task_tiling(c, groups, s, 2, direction, batch=n)
+    slots = schedule.task_slots(t, schedule.task_smem_budget(profiles.get_profile("H200")))
+    return schedule.choose_task_schedule(t, 264, slots, l2_keep_bytes=keep)
+
+
+def test_auto_takes_the_one_launch_whose_overflow_l2_keeps() -> None:
+    """Session 47 (H200): 1x512x256x256's one-round teams of 64 re-read 10 of 16 chunks a member; with 6 of
+    them kept the one launch took 52.2 us against 56.1 for the two launches."""
+    keep = schedule.l2_keep_bytes(H200_L2)
+    assert h200_choice((1, 512, 256 * 256), "fwd", 0) == 2
+    assert h200_choice((1, 512, 256 * 256), "fwd", keep) == 1
+    assert h200_choice((1, 512, 256 * 256), "fwd", schedule.l2_keep_bytes(4 * 10**6)) == 2  # Orin: none kept
+    assert h200_choice((1, 512, 256 * 256), "bwd", keep) == 2  # the backward's one launch is opt-in
+    # a tensor far larger than the chip: L2 keeps 6 of 58 overflow chunks a member
+    assert h200_choice((1, 128, 1024 * 1024), "fwd", keep) == 2
+    assert h200_choice((1, 128, 1024 * 2048), "fwd", keep, groups=16) == 2
+    # nothing to keep: the old rule (one round on chip is one launch)
+    assert h200_choice((1, 512, 128 * 128), "fwd", keep) == 1
+    assert h200_choice((1, 512, 128 * 128), "fwd", 0) == 1
+
+
+@pytest.mark.parametrize("hints", [False, True])
+def test_ops_gives_auto_the_budget_only_with_the_hints(hints: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schedule, "L2_HINTS", hints)
+    with host_overhead.cpu_device(ArchStub(900)):
+        p = ops.plan((1, 512, 256, 256), 32, torch.float16, "fwd", device=-1)
+    assert p.schedule == (1 if hints else 2)

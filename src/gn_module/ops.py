@@ -605,6 +605,7 @@ def task_plan(
             staggered=staggered,
             dependent_apply=sm90 and dependent_launches_enabled(),
             clusters=sm90 and cluster_teams_enabled(),
+            l2_keep_bytes=_l2_keep_bytes(index) if schedule.L2_HINTS else 0,
         )
     chosen = int(chosen)
     if chosen == 1 and residency < 1:

@@ -424,6 +424,16 @@ def l2_keep_bytes(l2_cache_bytes: int) -> int:
     return max(0, int(l2_cache_bytes * L2_KEEP_SHARE))
 
 
+#: Whether the kernels' one launch carries the L2 hints by default (csrc GN_L2_HINTS; a CPU test checks they
+#: agree). `ops` then gives `choose_task_schedule` the device's budget; opt-in builds (-DGN_L2_HINTS=1) keep
+#: the old choice.
+L2_HINTS = False
+#: The share of a one-round forward team's overflow that L2 must keep for `auto` to take the one launch
+#: (`l2_keeps_overflow`). Session 47, H200, fp16: 1x512x256x256 silu (4 x 64, 10 of 16 chunks a member
+#: re-read, 6 of them kept) one launch 52.2 us with the hints against 56.1 us for the two launches.
+L2_KEPT_OVERFLOW_SHARE = 0.5
+
+
 def l2_kept_chunks(keep_bytes: int, blocks: int, chunk_bytes: int, reread: int) -> int:
     """How many of a one-launch member's `reread` overflow chunks its copies ask L2 to keep (csrc l2_hints,
     the same formula): `keep_bytes` over the launch's `blocks` chunks of `chunk_bytes` (x, and dy in the
@@ -431,6 +441,16 @@ def l2_kept_chunks(keep_bytes: int, blocks: int, chunk_bytes: int, reread: int) 
     if keep_bytes <= 0 or blocks < 1 or chunk_bytes < 1:
         return 0
     return max(0, min(reread, keep_bytes // (blocks * chunk_bytes)))
+
+
+def l2_keeps_overflow(t: TaskTiling, teams: TaskTeams, keep_bytes: int) -> bool:
+    """Whether a one launch of these forward teams has at least L2_KEPT_OVERFLOW_SHARE of each member's
+    overflow kept in L2 by the hints (`keep_bytes`: GnArgs.l2_keep_bytes; 0 without hints)."""
+    if teams.overflow_chunks == 0:
+        return False
+    blocks = teams.teams * teams.team_size
+    kept = l2_kept_chunks(keep_bytes, blocks, t.chunk_bytes, teams.overflow_chunks)
+    return kept >= L2_KEPT_OVERFLOW_SHARE * teams.overflow_chunks
 
 
 def max_tiles_per_task(channels: int, window: int, batch: int = 1, direction: str = "fwd") -> int:
@@ -775,6 +795,7 @@ def choose_task_schedule(
     staggered: bool = False,
     dependent_apply: bool = False,
     clusters: bool = False,
+    l2_keep_bytes: int = 0,
 ) -> int:
     """passes="auto" for the task kernels with `blocks` resident one-pass blocks: one launch when the
     whole tensor fits on chip at once (one round per team, nothing read twice), else two launches.
@@ -792,7 +813,8 @@ def choose_task_schedule(
     the two launches re-read all of x and dy and the one launch 4-5 of each member's 7-8 chunk pairs.
     `dependent_apply` (the two launches' apply launch is a dependent launch: sm_90 builds) and `clusters`
     (this build runs cluster teams): two launches where the one-round forward's teams lose to them
-    (`flag_teams_lose`).
+    (`flag_teams_lose`). `l2_keep_bytes` (the kernels' L2 hints: GnArgs.l2_keep_bytes where L2_HINTS, else
+    0): also one launch for a one-round forward whose overflow L2 mostly keeps (`l2_keeps_overflow`).
     """
     if blocks < 1:
         return 2
@@ -803,6 +825,8 @@ def choose_task_schedule(
         return 2
     if dependent_apply and flag_teams_lose(t, teams, clusters):
         return 2
+    if teams.rounds == 1 and t.direction == "fwd" and l2_keeps_overflow(t, teams, l2_keep_bytes):
+        return 1
     return 1 if teams.rounds == 1 and teams.overflow_chunks == 0 else 2
 
 
