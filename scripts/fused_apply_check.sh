@@ -24,7 +24,8 @@
 #   bash scripts/fused_apply_check.sh OUT
 # Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_PASSES_SHAPES (the l2keep builds' one
 # launch against two), FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default
-# 1x128x1024x1024:silu), FUSED_NCU_FLAGS, FUSED_BUDGET_S (default 540: a step that would likely end past it is skipped and says
+# 1x128x1024x1024:silu), FUSED_NCU_FLAGS, FUSED_STAGGERS (default 16000:2: the staggered one launches'
+# GN_TEAM_STAGGER values), FUSED_BUDGET_S (default 540: a step that would likely end past it is skipped and says
 # so, so that one GPU call of 600 s keeps its logs).
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
@@ -126,12 +127,16 @@ if [ -n "$passes_builds" ]; then
       --json "$out/passes_$b.json" >"$out/passes_$b.log" 2>&1 || status=1
     rows "$out/passes_$b.log"
     # the backward's one launch there has 2 teams, too few for the automatic stagger: half a round of the
-    # model's (about 30 us at copy speed), as session 20 found best for the forward's 4 teams (16 us, 2 phases)
-    fits 40 "the staggered one launch of $b" || continue
-    GN_TEAM_STAGGER=16000:2 GN_ARCH=tasks+bwd1 GN_NVCC_FLAGS="$(flags_of "$b")" timeout 90 python3 \
-      scripts/time_shapes.py 32x128x256x256 --dtype fp16 --directions fwd,bwd --passes 1 \
-      --json "$out/passes_staggered_$b.json" >"$out/passes_staggered_$b.log" 2>&1 || status=1
-    rows "$out/passes_staggered_$b.log"
+    # model's (about 30 us at copy speed), as session 20 found best for the forward's 4 teams (16 us, 2 phases);
+    # FUSED_STAGGERS sweeps (session 47: with the L2 hints 16 us beat the automatic 13.8 by 17 us)
+    for st in ${FUSED_STAGGERS:-16000:2}; do
+      fits 40 "the one launch of $b staggered $st" || continue
+      tag=$b; [ "$st" = 16000:2 ] || tag="${b}_${st/:/_}"
+      GN_TEAM_STAGGER=$st GN_ARCH=tasks+bwd1 GN_NVCC_FLAGS="$(flags_of "$b")" timeout 90 python3 \
+        scripts/time_shapes.py 32x128x256x256 --dtype fp16 --directions fwd,bwd --passes 1 \
+        --json "$out/passes_staggered_$tag.json" >"$out/passes_staggered_$tag.log" 2>&1 || status=1
+      rows "$out/passes_staggered_$tag.log"
+    done
   done
 fi
 
