@@ -88,9 +88,9 @@ typedef struct GnArgs {
   // to them (they only wait for the stats launch). 0: every block sums its share of the strips behind its
   // first dx copies. Which block sums a strip changes no bits.
   int32_t strip_blocks;
-  // Bytes of the chunks an apply re-reads soon that the task kernels' copies ask L2 to keep (evict_last),
-  // over a launch's blocks (schedule.l2_keep_bytes: a share of the device's L2; 0: no chunk is kept).
-  // Timing only: where bytes come from, never which.
+  // Bytes of a one launch's overflow chunks (re-read by its apply) that its copies ask L2 to keep
+  // (evict_last), over the launch's blocks, in builds with the L2 hints (schedule.l2_keep_bytes: a share of
+  // the device's L2; 0: none kept). Timing only: where bytes come from, never which.
   int64_t l2_keep_bytes;
 } GnArgs;
 
