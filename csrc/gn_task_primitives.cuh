@@ -39,10 +39,11 @@ constexpr int kMaxSlots = 8;
 // kept line). RESULTS.md session 47: 32x128x256x256's one-launch forward 399 -> 383 us, its one-launch
 // backward 679 -> 616 us. The two launches' copies carry no hints: kept there (each team's last task, where
 // the apply launch starts), the rows lost 1.5-6 %. The hints change where bytes come from, never which.
-// Opt-in until the GPU suite has passed with them: -DGN_L2_HINTS=1 builds the one launch with them;
-// -DGN_EXP_L2_KEEP_KB=K with them and K KB kept whatever GnArgs says.
+// On by default since session 48 (the GPU suite, the arch sweep's task cases and the sanitizers passed with
+// them; the same bits); -DGN_L2_HINTS=0 builds the one launch without them; -DGN_EXP_L2_KEEP_KB=K with them
+// and K KB kept whatever GnArgs says.
 #ifndef GN_L2_HINTS
-#define GN_L2_HINTS 0
+#define GN_L2_HINTS 1
 #endif
 #ifndef GN_EXP_L2_KEEP_KB
 #define GN_EXP_L2_KEEP_KB 0

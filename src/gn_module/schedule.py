@@ -425,9 +425,9 @@ def l2_keep_bytes(l2_cache_bytes: int) -> int:
 
 
 #: Whether the kernels' one launch carries the L2 hints by default (csrc GN_L2_HINTS; a CPU test checks they
-#: agree). `ops` then gives `choose_task_schedule` the device's budget; opt-in builds (-DGN_L2_HINTS=1) keep
-#: the old choice.
-L2_HINTS = False
+#: agree). `ops` then gives `choose_task_schedule` the device's budget; builds without them (-DGN_L2_HINTS=0)
+#: keep the old choice only if this is False too.
+L2_HINTS = True
 #: The share of a one-round forward team's overflow that L2 must keep for `auto` to take the one launch
 #: (`l2_keeps_overflow`). Session 47, H200, fp16: 1x512x256x256 silu (4 x 64, 10 of 16 chunks a member
 #: re-read, 6 of them kept) one launch 52.2 us with the hints against 56.1 us for the two launches.
