@@ -91,6 +91,10 @@ struct L2Hints {
 // l2_keep_bytes hold across the launch's blocks are kept (schedule.l2_kept_chunks).
 __device__ __forceinline__ L2Hints l2_hints(const GnArgs& a, int reread, int64_t chunk_bytes) {
   L2Hints h;
+  // Nothing read again (a member's chunks all stay in their slots: the small shapes): no 64-bit division
+  // ahead of the first copy (the same hints). Session 48, H200, 2x1280x16x16's forward, medians of alternating
+  // rounds without / with the hints: 11.0 / 11.3 us before this return, 11.05 / 11.24 with it.
+  if (reread <= 0) return h;
   const int64_t fit = l2_keep_bytes(a) / (static_cast<int64_t>(gridDim.x) * chunk_bytes);
   h.keep_hi = reread;
   h.keep_lo = static_cast<int>(max(static_cast<int64_t>(0), reread - fit));
