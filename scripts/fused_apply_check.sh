@@ -101,7 +101,7 @@ for v in $variants; do
     [ -s "$out/bits_$b.log" ] && continue  # (default's, once)
     GN_NVCC_FLAGS="$(flags_of "$b")" timeout 120 python3 scripts/bits_digest.py \
       --shapes 2x320x64x64,2x1280x16x16,1x512x128x128,1x512x256x256,32x128x256x256,3x96x17x19 \
-      >"$out/bits_$b.log" 2>&1 || status=1
+      >"$out/bits_$b.log" 2>"$out/bits_$b.err" || status=1  # (stderr: a first run's build messages)
   done
   if cmp -s "$out/bits_default.log" "$out/bits_$v.log"; then
     step "bits of $v: the same as default ($(tail -n 1 "$out/bits_default.log"))"

@@ -432,6 +432,13 @@ L2_HINTS = True
 #: (`l2_keeps_overflow`). Session 47, H200, fp16: 1x512x256x256 silu (4 x 64, 10 of 16 chunks a member
 #: re-read, 6 of them kept) one launch 52.2 us with the hints against 56.1 us for the two launches.
 L2_KEPT_OVERFLOW_SHARE = 0.5
+#: Whether `auto` also takes the backward's one launch where L2 keeps at least L2_KEPT_OVERFLOW_SHARE of a
+#: member's re-read chunk pairs (x and dy), whatever its rounds. Session 48, H200, fp16, with the hints and
+#: the one launch forced (GN_ARCH=tasks+bwd1): 32x128x256x256 (2 x 128 over 16 rounds, 5 of 8 pairs a member
+#: re-read, 3 kept) 602-625 us against 655 for the two launches; 1x512x128x128 (1 of 5, kept) 37.8 against
+#: 39.3; but 1x256x512x512 (29 of 32, 3 kept) 182.6 against 175.2, and 1x512x256x256 (13 of 16, 3 kept)
+#: 93.1 against 94.4. Off until the GPU suite and the backward rows have run with it on.
+L2_BACKWARD_ONE_LAUNCH = False
 
 
 def l2_kept_chunks(keep_bytes: int, blocks: int, chunk_bytes: int, reread: int) -> int:
@@ -444,12 +451,12 @@ def l2_kept_chunks(keep_bytes: int, blocks: int, chunk_bytes: int, reread: int) 
 
 
 def l2_keeps_overflow(t: TaskTiling, teams: TaskTeams, keep_bytes: int) -> bool:
-    """Whether a one launch of these forward teams has at least L2_KEPT_OVERFLOW_SHARE of each member's
-    overflow kept in L2 by the hints (`keep_bytes`: GnArgs.l2_keep_bytes; 0 without hints)."""
+    """Whether a one launch of these teams has at least L2_KEPT_OVERFLOW_SHARE of each member's overflow
+    kept in L2 by the hints (`keep_bytes`: GnArgs.l2_keep_bytes; 0 without hints)."""
     if teams.overflow_chunks == 0:
         return False
     blocks = teams.teams * teams.team_size
-    kept = l2_kept_chunks(keep_bytes, blocks, t.chunk_bytes, teams.overflow_chunks)
+    kept = l2_kept_chunks(keep_bytes, blocks, t.copy_bytes, teams.overflow_chunks)
     return kept >= L2_KEPT_OVERFLOW_SHARE * teams.overflow_chunks
 
 
@@ -533,6 +540,13 @@ class TaskTiling:
     def chunk_bytes(self) -> int:
         """Shared memory of one chunk of x (16-byte aligned)."""
         return _round_up(self.chunk_rows * self.row_bytes, 16)
+
+    @property
+    def copy_bytes(self) -> int:
+        """Bytes of global memory one chunk copy reads: x's chunk, and dy's in the backward (csrc l2_hints'
+        `chunk_bytes`, which the L2 budget is counted in)."""
+        dy_itemsize = 0 if self.direction == "fwd" else self.wide_itemsize or self.itemsize
+        return self.chunk_rows * self.window * (self.itemsize + dy_itemsize)
 
     @property
     def slot_bytes(self) -> int:
@@ -814,12 +828,15 @@ def choose_task_schedule(
     `dependent_apply` (the two launches' apply launch is a dependent launch: sm_90 builds) and `clusters`
     (this build runs cluster teams): two launches where the one-round forward's teams lose to them
     (`flag_teams_lose`). `l2_keep_bytes` (the kernels' L2 hints: GnArgs.l2_keep_bytes where L2_HINTS, else
-    0): also one launch for a one-round forward whose overflow L2 mostly keeps (`l2_keeps_overflow`).
+    0): also one launch for a one-round forward whose overflow L2 mostly keeps (`l2_keeps_overflow`), and
+    with L2_BACKWARD_ONE_LAUNCH for a backward of any rounds whose overflow L2 mostly keeps.
     """
     if blocks < 1:
         return 2
     teams = choose_teams(t, blocks, slots)
     if staggered and stagger_fits(teams, t.direction):
+        return 1
+    if t.direction == "bwd" and L2_BACKWARD_ONE_LAUNCH and l2_keeps_overflow(t, teams, l2_keep_bytes):
         return 1
     if t.direction == "bwd" and not backward_onepass:  # its one-pass kernel is opt-in
         return 2
