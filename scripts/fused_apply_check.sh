@@ -9,8 +9,8 @@
 #   l2keepM   -DGN_EXP_L2_KEEP_KB=M*1024: the chunks an apply re-reads soon loaded evict_last, about M MiB
 #             of them per launch, the one launch's other chunk loads evict_first (gn_task_primitives.cuh
 #             l2_hints), whatever GnArgs.l2_keep_bytes (schedule.l2_keep_bytes: a share of the L2) says
-#   l2        -DGN_L2_HINTS=1: the one launch's copies with the L2 hints, GnArgs.l2_keep_bytes kept
-#   nol2      -DGN_L2_HINTS=0: the copies without L2 hints (the default build, for now)
+#   l2        -DGN_L2_HINTS=1: the one launch's copies with the L2 hints (the default build since session 48)
+#   nol2      -DGN_L2_HINTS=0: the copies without L2 hints (the default build until session 48)
 #   A+B       the flags of both (e.g. paired+l2keep24)
 # In order: times the large, mid and small rows of each, both directions, in alternating rounds (fp16
 # FUSED_ROUNDS times, bf16 once); digests the outputs of each variant made of l2keep parts only against
