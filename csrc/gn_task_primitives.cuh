@@ -36,9 +36,11 @@ constexpr int kMaxSlots = 8;
 // re-read of 32 MiB ran x1.03 of the first read's speed), so the one launch's stats load the newest of those
 // chunks that GnArgs::l2_keep_bytes hold across the launch's blocks with an L2 evict_last policy and its
 // other chunks evict_first, and every re-read loads evict_first (the bytes' last use; a hit also demotes a
-// kept line). RESULTS.md session 47: 32x128x256x256's one-launch forward 399 -> 383 us, its one-launch
-// backward 679 -> 616 us. The two launches' copies carry no hints: kept there (each team's last task, where
-// the apply launch starts), the rows lost 1.5-6 %. The hints change where bytes come from, never which.
+// kept line). RESULTS.md sessions 47-48 (H200): the one-launch backward of 32x128x256x256 663-682 -> 616-625
+// us (unstaggered), 1x512x256x256's one-launch forward 54.3 -> 52.2 us; 32x128x256x256's one-launch forward
+// within its spread (370-405 us either way). The two launches' copies carry no hints: kept there (each team's
+// last task, where the apply launch starts), the rows lost 1.5-6 %. The hints change where bytes come from,
+// never which.
 // On by default since session 48 (the GPU suite, the arch sweep's task cases and the sanitizers passed with
 // them; the same bits); -DGN_L2_HINTS=0 builds the one launch without them; -DGN_EXP_L2_KEEP_KB=K with them
 // and K KB kept whatever GnArgs says.

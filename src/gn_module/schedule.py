@@ -435,7 +435,7 @@ L2_KEPT_OVERFLOW_SHARE = 0.5
 #: Whether `auto` also takes the backward's one launch where L2 keeps at least L2_KEPT_OVERFLOW_SHARE of a
 #: member's re-read chunk pairs (x and dy), whatever its rounds. Session 48, H200, fp16, with the hints and
 #: the one launch forced (GN_ARCH=tasks+bwd1): 32x128x256x256 (2 x 128 over 16 rounds, 5 of 8 pairs a member
-#: re-read, 3 kept) 602-625 us against 655 for the two launches; 1x512x128x128 (1 of 5, kept) 37.8 against
+#: re-read, 3 kept) 602-625 us against 655 for the two launches; 1x512x128x128 (1 of 4, kept) 37.8 against
 #: 39.3; but 1x256x512x512 (29 of 32, 3 kept) 182.6 against 175.2, and 1x512x256x256 (13 of 16, 3 kept)
 #: 93.1 against 94.4. Off until the GPU suite and the backward rows have run with it on.
 L2_BACKWARD_ONE_LAUNCH = False
