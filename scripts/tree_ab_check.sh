@@ -24,7 +24,7 @@ status=0
 in_tree() { (cd "$1" && shift && PYTHONPATH="$(pwd)/src:$(pwd)" "$@"); }
 
 step "builds: this tree ($here) and the candidate ($cand)"
-build_native here
+PYTHONPATH="$here/src:$here" build_native here  # (importable without an install: a fresh machine)
 PYTHONPATH="$cand/src:$cand" build_native cand  # (the candidate's package, so its csrc)
 wait
 builds_done here cand

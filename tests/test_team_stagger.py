@@ -178,7 +178,7 @@ def test_the_backward_takes_its_staggered_one_launch_where_the_teams_fit() -> No
         assert schedule.choose_task_schedule(t, 264, 3, backward_onepass=True, staggered=True) == 2
 
 
-def test_the_backward_launch_under_the_default_arch() -> None:
+def test_the_backward_launch_under_the_default_arch(monkeypatch: pytest.MonkeyPatch) -> None:
     shape = (128, 128, 128, 128)
     x = torch.empty(shape, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
 
@@ -192,4 +192,29 @@ def test_the_backward_launch_under_the_default_arch() -> None:
     assert (a.stagger_ns, a.stagger_phases) == (schedule.auto_stagger_ns(auto.plan), 2)
     assert launch(1).plan.schedule == 2  # passes=1 under tasks+bwd: the two launches, as before
     with ops.team_stagger(0):
-        assert launch(0).plan.schedule == 2  # unstaggered: the two launches
+        # unstaggered, L2 still keeps 2 of each member's 5 overflow pairs (3 of 8 from DRAM again:
+        # schedule.l2_backward_one_launch); without that rule, the two launches
+        assert launch(0).plan.schedule == 1
+        monkeypatch.setattr(schedule, "L2_BACKWARD_ONE_LAUNCH", False)
+        assert launch(0).plan.schedule == 2
+
+
+def test_two_backward_teams_take_turns_at_half_a_round() -> None:
+    """32x128x256x256's backward one launch (the L2 rule's, 2 x 128 for 16 rounds, 8 pairs a member, 5 of
+    them re-read): staggered by half a round, 16.8 us (the H200's best measured was 16 us). Only a stagger:
+    it does not choose the one launch, and two forward teams take none."""
+    bwd = schedule.task_tiling(128, 32, 256 * 256, 2, "bwd", batch=32)
+    p = schedule.make_task_plan(bwd, 1, 3, 264)
+    tm = p.teams
+    assert (tm.teams, tm.team_size, tm.rounds, tm.chunks_per_member, tm.overflow_chunks) == (2, 128, 16, 8, 5)
+    assert schedule.backward_pair_stagger(tm, "bwd") and not schedule.stagger_fits(tm, "bwd")
+    round_bytes = 2 * 128 * (3 * 8 + 2 * 5) * bwd.chunk_bytes
+    ns = round(round_bytes / 2 / schedule.STAGGER_COPY_BYTES_PER_NS)
+    assert schedule.team_stagger(p, "auto") == (ns, 2) and 16_000 < ns < 17_500
+    assert schedule.choose_task_schedule(bwd, 264, 3, staggered=True) == 2  # (no L2 budget: two launches)
+    fwd = schedule.task_tiling(128, 32, 256 * 256, 2, "fwd", batch=16)  # 2 teams of 128
+    q = schedule.make_task_plan(fwd, 1, 6, 264)
+    assert q.teams.teams == 2 and schedule.team_stagger(q, "auto") == (0, 0)
+    half = schedule.task_tiling(128, 32, 256 * 256, 2, "bwd", batch=16)
+    one_team = schedule.make_task_plan(half, 1, 3, 264)
+    assert one_team.teams.teams == 1 and schedule.team_stagger(one_team, "auto") == (0, 0)

@@ -432,13 +432,23 @@ L2_HINTS = True
 #: (`l2_keeps_overflow`). Session 47, H200, fp16: 1x512x256x256 silu (4 x 64, 10 of 16 chunks a member
 #: re-read, 6 of them kept) one launch 52.2 us with the hints against 56.1 us for the two launches.
 L2_KEPT_OVERFLOW_SHARE = 0.5
-#: Whether `auto` also takes the backward's one launch where L2 keeps at least L2_KEPT_OVERFLOW_SHARE of a
-#: member's re-read chunk pairs (x and dy), whatever its rounds. Session 48, H200, fp16, with the hints and
-#: the one launch forced (GN_ARCH=tasks+bwd1): 32x128x256x256 (2 x 128 over 16 rounds, 5 of 8 pairs a member
-#: re-read, 3 kept) 602-625 us against 655 for the two launches; 1x512x128x128 (1 of 4, kept) 37.8 against
-#: 39.3; but 1x256x512x512 (29 of 32, 3 kept) 182.6 against 175.2, and 1x512x256x256 (13 of 16, 3 kept)
-#: 93.1 against 94.4. Off until the GPU suite and the backward rows have run with it on.
-L2_BACKWARD_ONE_LAUNCH = False
+#: Whether `auto` also takes the backward's one launch where the hints leave little of it to read twice
+#: (`l2_backward_one_launch`), whatever its rounds. On since session 49 (H100: the GPU suite with it on, every
+#: failure but one out of memory under 8 workers and passing when rerun; the one pinned the old choice), where
+#: no backward row lost with it (time_shapes.py, alternating rounds).
+L2_BACKWARD_ONE_LAUNCH = True
+#: ... where at most this share of a member's chunk pairs (x and dy) comes from DRAM a second time: its
+#: overflow pairs less those L2 keeps. Its traffic is then at most (2 x 1.5 + 1) / (2 x 2 + 1) = 0.8 of the
+#: two launches' (x and dy read twice, dx written). Measured with the one launch forced (GN_ARCH=tasks+bwd1,
+#: fp16, us, one launch against two; DRAM re-read pairs of a member's):
+#:   32x128x256x256 (2 x 128 for 16 rounds, 5 of 8 pairs overflow): H200 2 of 8, 612-625 against 655;
+#:     H100 3 of 8, 808-840 against 930 (staggered, `backward_pair_stagger`: 602-605 and 770-779);
+#:   1x512x128x128 silu (1 of 4, kept): H200 37.8 against 39.3; H100 38.8 against 42.9;
+#:   1x512x256x256 silu (13 of 16): H200 10 of 16, 93.1 against 94.4; H100 11 of 16, 119.9 against 114.7;
+#:   1x256x512x512 silu (29 of 32): H200 26 of 32, 182.6 against 175.2; H100 bf16 241.4 against 235.9.
+#: (Sessions 48-49. The old rule, L2 keeping half of the overflow, left 32x128x256x256 out on the H100,
+#: whose 50 MB keep 2 of its 5 pairs.)
+L2_BWD_DRAM_REREAD_SHARE = 0.5
 
 
 def l2_kept_chunks(keep_bytes: int, blocks: int, chunk_bytes: int, reread: int) -> int:
@@ -458,6 +468,21 @@ def l2_keeps_overflow(t: TaskTiling, teams: TaskTeams, keep_bytes: int) -> bool:
     blocks = teams.teams * teams.team_size
     kept = l2_kept_chunks(keep_bytes, blocks, t.copy_bytes, teams.overflow_chunks)
     return kept >= L2_KEPT_OVERFLOW_SHARE * teams.overflow_chunks
+
+
+def l2_backward_one_launch(t: TaskTiling, teams: TaskTeams, keep_bytes: int) -> bool:
+    """Whether `auto` takes the backward's one launch of these teams for its traffic (L2_BACKWARD_ONE_LAUNCH):
+    it re-reads some chunk pairs (with none, the small shapes' two launches win on latency), and at most
+    L2_BWD_DRAM_REREAD_SHARE of a member's pairs come from DRAM again, those the hints (`keep_bytes`, 0
+    without them: then this is never true) do not keep in L2. Not one team for several rounds: nobody reads
+    while it waits and writes (session 44's forward rounds of one team of 256 lost 5-46 %)."""
+    if t.direction != "bwd" or teams.overflow_chunks == 0 or keep_bytes <= 0:
+        return False
+    if teams.teams == 1 and teams.rounds > 1:
+        return False
+    blocks = teams.teams * teams.team_size
+    kept = l2_kept_chunks(keep_bytes, blocks, t.copy_bytes, teams.overflow_chunks)
+    return teams.overflow_chunks - kept <= L2_BWD_DRAM_REREAD_SHARE * teams.chunks_per_member
 
 
 def max_tiles_per_task(channels: int, window: int, batch: int = 1, direction: str = "fwd") -> int:
@@ -740,6 +765,27 @@ STAGGER_COPY_BYTES_PER_NS = 4250
 STAGGER_MIN_BWD_CHUNKS = 7
 
 
+#: A backward one launch of two teams (the L2 rule's 32x128x256x256) takes turns too, at half a round: the
+#: one team reads while the other waits and writes. Session 48, H200, fp16, its one launch at 12 / 16 / 20 /
+#: 24 us: 612 / 602 / 614 / 622 us, unstaggered 612-625 (16 us again: 602, 605); session 49, H100, 16 us:
+#: 770, 779 against 808-840. Half of its round is 16.8 us.
+STAGGER_PAIR_ROUND_FRACTION = 1 / 2
+
+
+def backward_pair_stagger(teams: TaskTeams, direction: str) -> bool:
+    """Whether a backward one launch of exactly two teams takes the automatic stagger (at
+    STAGGER_PAIR_ROUND_FRACTION of a round): several rounds of long members that re-read. Unlike
+    `stagger_fits` this does not make `auto` take the one launch; it staggers one taken for other reasons
+    (`l2_backward_one_launch`)."""
+    return (
+        direction == "bwd"
+        and teams.teams == 2
+        and teams.rounds >= STAGGER_MIN_ROUNDS
+        and teams.chunks_per_member >= STAGGER_MIN_BWD_CHUNKS
+        and teams.overflow_chunks > 0
+    )
+
+
 def stagger_fits(teams: TaskTeams, direction: str = "fwd") -> bool:
     """Whether a one-launch plan of these teams takes the automatic team stagger: enough teams to take
     turns and enough rounds to settle, and members that read enough chunks again (the staggered plans
@@ -756,7 +802,8 @@ def stagger_fits(teams: TaskTeams, direction: str = "fwd") -> bool:
 def auto_stagger_ns(p: TaskPlan) -> int:
     """The automatic stagger of plan `p`: STAGGER_ROUND_FRACTION of a round's traffic (every member reads
     its chunks, re-reads its overflow and writes; the backward reads x and dy) at
-    STAGGER_COPY_BYTES_PER_NS."""
+    STAGGER_COPY_BYTES_PER_NS; STAGGER_PAIR_ROUND_FRACTION for two backward teams
+    (`backward_pair_stagger`)."""
     tm = p.teams
     if tm is None:
         return 0
@@ -765,7 +812,8 @@ def auto_stagger_ns(p: TaskPlan) -> int:
     else:  # x and dy read, dx written, overflow x and dy re-read
         chunk_traffic = 3 * tm.chunks_per_member + 2 * tm.overflow_chunks
     round_bytes = tm.teams * tm.team_size * chunk_traffic * p.tiling.chunk_bytes
-    return max(1, round(STAGGER_ROUND_FRACTION * round_bytes / STAGGER_COPY_BYTES_PER_NS))
+    share = STAGGER_PAIR_ROUND_FRACTION if backward_pair_stagger(tm, p.direction) else STAGGER_ROUND_FRACTION
+    return max(1, round(share * round_bytes / STAGGER_COPY_BYTES_PER_NS))
 
 
 def cluster_shape(t: TaskTiling, teams: TaskTeams) -> bool:
@@ -829,14 +877,15 @@ def choose_task_schedule(
     (this build runs cluster teams): two launches where the one-round forward's teams lose to them
     (`flag_teams_lose`). `l2_keep_bytes` (the kernels' L2 hints: GnArgs.l2_keep_bytes where L2_HINTS, else
     0): also one launch for a one-round forward whose overflow L2 mostly keeps (`l2_keeps_overflow`), and
-    with L2_BACKWARD_ONE_LAUNCH for a backward of any rounds whose overflow L2 mostly keeps.
+    with L2_BACKWARD_ONE_LAUNCH for a backward of any rounds that reads little twice from DRAM
+    (`l2_backward_one_launch`).
     """
     if blocks < 1:
         return 2
     teams = choose_teams(t, blocks, slots)
     if staggered and stagger_fits(teams, t.direction):
         return 1
-    if t.direction == "bwd" and L2_BACKWARD_ONE_LAUNCH and l2_keeps_overflow(t, teams, l2_keep_bytes):
+    if L2_BACKWARD_ONE_LAUNCH and l2_backward_one_launch(t, teams, l2_keep_bytes):
         return 1
     if t.direction == "bwd" and not backward_onepass:  # its one-pass kernel is opt-in
         return 2
@@ -1015,16 +1064,18 @@ def cluster_teams_fit(p: TaskPlan) -> bool:
 
 
 def team_stagger(p: TaskPlan, ns: int | str, phases: int = 2) -> tuple[int, int]:
-    """(stagger_ns, stagger_phases) of GnArgs for plan `p` when a team stagger of `ns` nanoseconds in
-    `phases` phases is asked for (ops.team_stagger): team j of a one-launch plan starts its first
-    task (j % phases) * ns late. ns="auto": `auto_stagger_ns` where the teams fit `stagger_fits`, else
-    none. Only a plan of several teams that each run several rounds has teams that can take turns; any
-    other plan gets (0, 0). The tiles, their order and so the bits are the same either way. (Session 20,
-    H200: 32x128x256x256 in 4 teams of 64 at 16 us in 2 phases, 381-386 us against 410-414 unstaggered
+    """(stagger_ns, stagger_phases) of GnArgs for plan `p` when a team stagger of `ns` nanoseconds in `phases`
+    phases is asked for (ops.team_stagger): team j of a one-launch plan starts its first task (j % phases)
+    * ns late. ns="auto": `auto_stagger_ns` where the teams fit `stagger_fits` or `backward_pair_stagger`,
+    else none. Only a plan of several teams that each run several rounds has teams that can take turns;
+    any other plan gets (0, 0). The tiles, their order and so the bits are the same either way. (Session
+    20, H200: 32x128x256x256 in 4 teams of 64 at 16 us in 2 phases, 381-386 us against 410-414 unstaggered
     and 418-420 us for the two launches; benchmarks/RESULTS.md. Staggering one-round plans lost, session
     44: 1x512x128x128 23.2 us unstaggered, 23.3-26.8 us at 1.5-5 us in 2 phases.)"""
     if ns == "auto":
-        auto = p.teams is not None and stagger_fits(p.teams, p.direction)
+        auto = p.teams is not None and (
+            stagger_fits(p.teams, p.direction) or backward_pair_stagger(p.teams, p.direction)
+        )
         ns = auto_stagger_ns(p) if auto else 0
     if not isinstance(ns, int) or not isinstance(phases, int) or ns < 0 or phases < 1:
         raise ValueError(f"a team stagger needs ns >= 0 or 'auto' and phases >= 1, got {ns!r} and {phases!r}")

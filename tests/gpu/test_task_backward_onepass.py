@@ -57,13 +57,16 @@ def test_onepass_backward_under_caps_rereads_what_the_model_says_with_the_same_b
         assert torch.equal(a, b_), f"{name} differs between the one-pass and two-pass backward (cap {cap})"
 
 
-def test_auto_picks_one_launch_where_a_task_fits_and_two_where_it_does_not():
-    # on the H200: 2x1280x16x16 runs 8 tasks in one-pass teams of 11 members, one chunk pair each (one
-    # launch); 8x128x128x128's one-pass teams would hold 8 chunk pairs per member, more than its slots
-    # (two launches). The one-pass teams are the model's (choose_teams with the plan's slots); the
+def test_auto_picks_one_launch_where_a_task_fits_or_l2_keeps_its_rereads():
+    # on the H200: 2x1280x16x16 runs 16 tasks in one-pass teams of 6 members, one chunk pair each (one
+    # launch: it fits); 8x128x128x128's one-pass teams (4 x 66, 2 rounds) hold 4 chunk pairs a member, one
+    # more than its slots, and the L2 hints keep that one for its re-read (one launch,
+    # schedule.l2_backward_one_launch); 1x512x256x256's members re-read 13 of 16 pairs, 10 of them from
+    # DRAM (two launches). The one-pass teams are the model's (choose_teams with the plan's slots); the
     # two-launch plan's own teams assume nothing is kept, so they never overflow.
     chosen = {}
-    for shape in ((2, 1280, 16, 16), (8, 128, 128, 128)):
+    keep = ops._l2_keep_bytes(torch.cuda.current_device()) if schedule.L2_HINTS else 0
+    for shape in ((2, 1280, 16, 16), (8, 128, 128, 128), (1, 512, 256, 256)):
         x, w, b, dy = make_case(shape, 32, torch.float16)
         with ops.launch_record() as rec:
             run(x, 32, w, b, "silu", "auto", dy)
@@ -71,13 +74,16 @@ def test_auto_picks_one_launch_where_a_task_fits_and_two_where_it_does_not():
         blocks = plan.residency if plan.cap is None else min(plan.residency, plan.cap)
         teams = schedule.choose_teams(plan.tiling, blocks, plan.slots)
         fits = teams.rounds == 1 and teams.overflow_chunks == 0
-        assert rec["bwd"]["schedule"] == (1 if fits else 2), (shape, teams)
+        kept = schedule.L2_BACKWARD_ONE_LAUNCH and schedule.l2_backward_one_launch(plan.tiling, teams, keep)
+        assert rec["bwd"]["schedule"] == (1 if fits or kept else 2), (shape, teams, keep)
         chosen[shape] = rec["bwd"]["schedule"]
-        if fits:
+        if rec["bwd"]["schedule"] == 1:
             _check_record(rec["bwd"])
+        if fits:
             assert rec["bwd"]["chunks_reread"] == 0
-    if torch.cuda.get_device_properties(0).multi_processor_count >= 100:  # the H200's answers, both ways
-        assert chosen == {(2, 1280, 16, 16): 1, (8, 128, 128, 128): 2}, chosen
+    props = torch.cuda.get_device_properties(0)
+    if (props.major, props.minor, props.multi_processor_count) == (9, 0, 132):  # H100 and H200
+        assert chosen == {(2, 1280, 16, 16): 1, (8, 128, 128, 128): 1, (1, 512, 256, 256): 2}, chosen
 
 
 def test_no_affine_writes_no_parameter_gradients():
