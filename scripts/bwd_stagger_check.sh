@@ -10,6 +10,7 @@ set -uo pipefail
 out=${1:?usage: bwd_stagger_check.sh OUT}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$(pwd)/src:$(pwd)${PYTHONPATH:+:$PYTHONPATH}"  # (a fresh machine has no install)
 shapes=${BWD_STAGGER_SHAPES:-"32x128x256x256 64x128x128x128 128x128x128x128 16x128x256x256 32x320x128x128 \
 1x128x1024x2048:G16 1x256x512x512:silu"}
 status=0

@@ -173,7 +173,12 @@ def test_the_committed_baseline_holds_no_measured_machine_info() -> None:
 
 
 # ---------------------------------------------------------------- gate and history
-def saved_json(medians_us: dict[tuple[str, str, str, str], float], commit: str, when: str) -> dict[str, Any]:
+def saved_json(
+    medians_us: dict[tuple[str, str, str, str], float],
+    commit: str,
+    when: str,
+    gpu: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     benchmarks = []
     for (case, dtype, direction, impl), us in medians_us.items():
         benchmarks.append(
@@ -190,7 +195,7 @@ def saved_json(medians_us: dict[tuple[str, str, str, str], float], commit: str, 
             }
         )
     return {
-        "machine_info": {"system": "Linux", "gpu": {"name": "NVIDIA H200"}},
+        "machine_info": {"system": "Linux", "gpu": gpu or {"name": "NVIDIA H200"}},
         "commit_info": {"id": commit, "dirty": False},
         "datetime": when,
         "benchmarks": benchmarks,
@@ -291,6 +296,43 @@ def test_a_partial_run_leaves_the_other_benchmarks_gated(tmp_path: Path) -> None
     # against run 2 alone, the backward would not have been compared
     assert bwd not in {c.key for c in history.gate(history.load_run(partial), history.load_run(slower)).ours}
     assert history.load_run(base).parts == ()
+
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132}
+
+
+def test_the_gate_compares_runs_of_the_same_gpu_only(tmp_path: Path) -> None:
+    """Session 49 got an H100 where the history holds H200 runs: its copy is 3.0 TB/s against 4.25, so
+    every bandwidth-bound row would have failed against the H200's times. The default baseline is the
+    newest runs of the judged run's GPU; with none, nothing is gated."""
+    h100_speed = {k: v * 1.4 for k, v in BASE.items()}
+    write_runs(
+        tmp_path,
+        saved_json(BASE, "aaa", "2026-11-30T07:00:00"),
+        saved_json(h100_speed, "bbb", "2026-11-30T08:00:00", gpu=H100),
+    )
+    first = run_cli("gate", "--storage", f"file://{tmp_path}")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "no saved benchmark run timed on NVIDIA H100 80GB HBM3 (132 SMs)" in first.stdout
+    assert "nothing to gate" in first.stdout
+    # a later H200 run sits between two H100 runs: the second H100 run is judged against the first
+    slower = {**h100_speed, ("1x8x4x4-G2", "fp16", "bwd", "ours-auto"): 1400.0}
+    _, h100, _, h100_slower = write_runs(
+        tmp_path,
+        saved_json(BASE, "aaa", "2026-11-30T07:00:00"),
+        saved_json(h100_speed, "bbb", "2026-11-30T08:00:00", gpu=H100),
+        saved_json({k: v * 0.9 for k, v in BASE.items()}, "ccc", "2026-11-30T09:00:00"),
+        saved_json(slower, "ddd", "2026-11-30T10:00:00", gpu=H100),
+    )
+    gpu = history.run_gpu(history.load_run(h100_slower))
+    assert gpu == ("NVIDIA H100 80GB HBM3", 132)
+    baseline = history.newest_per_benchmark(tmp_path, exclude=[h100_slower], gpu=gpu)
+    assert baseline.path == h100 and baseline.entries == history.load_run(h100).entries
+    proc = run_cli("gate", "--storage", f"file://{tmp_path}")
+    assert proc.returncode == 1 and "REGRESSION: 1 of our medians" in proc.stdout, proc.stdout + proc.stderr
+    assert "ours: 3 compared, median ratio x1.000" in proc.stdout  # (not x1.556 against the H200's ccc)
+    table = run_cli("table", "--storage", f"file://{tmp_path}")
+    assert table.returncode == 0 and "bbb" in table.stdout and "ccc" not in table.stdout, table.stdout
 
 
 def test_a_recheck_clears_a_burst_and_keeps_a_real_regression(tmp_path: Path) -> None:

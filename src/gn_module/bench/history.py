@@ -125,11 +125,35 @@ def newest_run(storage: str | Path, *, exclude: Iterable[str | Path] = ()) -> Sa
     return _runs_but(storage, exclude)[-1]
 
 
-def newest_per_benchmark(storage: str | Path, *, exclude: Iterable[str | Path] = ()) -> SavedRun:
+def run_gpu(run: SavedRun) -> tuple[str, int] | None:
+    """The GPU a run timed on: its machine_info's GPU name and SM count (None where the run does not say)."""
+    gpu = run.machine_info.get("gpu") or {}
+    if not isinstance(gpu, Mapping) or not gpu.get("name"):
+        return None
+    return str(gpu["name"]), int(gpu.get("sm_count") or 0)
+
+
+def gpu_label(gpu: tuple[str, int] | None) -> str:
+    return "an unnamed GPU" if gpu is None else f"{gpu[0]} ({gpu[1]} SMs)"
+
+
+class NoBaselineOnThisGpu(ValueError):
+    """No saved run timed on the GPU of the run to judge: times of another GPU say nothing about it."""
+
+
+def newest_per_benchmark(
+    storage: str | Path, *, exclude: Iterable[str | Path] = (), gpu: tuple[str, int] | None = None
+) -> SavedRun:
     """A baseline of each benchmark's newest saved time: the newest run, with the benchmarks it did not
     time (a run of one direction, `-k fwd`) taken from the newest older run that has them. So a partial
-    run does not take the other benchmarks out of the next gate."""
+    run does not take the other benchmarks out of the next gate. `gpu` (`run_gpu` of the run to judge):
+    only runs timed on that GPU; `NoBaselineOnThisGpu` where there is none (an H100's run gated against
+    an H200's would fail on bandwidth alone)."""
     runs = _runs_but(storage, exclude)
+    if gpu is not None:
+        runs = [r for r in runs if run_gpu(r) == gpu]
+        if not runs:
+            raise NoBaselineOnThisGpu(f"no saved benchmark run timed on {gpu_label(gpu)} to compare with")
     newest = runs[-1]
     merged = SavedRun(newest.path, newest.datetime, newest.commit, newest.dirty, newest.machine_info)
     parts = []

@@ -5,15 +5,17 @@ SOL across runs (commit, date), with the speedup over the best torch.compile of 
 --plot writes SOL over commits, one line per shape.
 
 gate: one run (a --benchmark-json file, or the newest saved run) against a baseline (default: each
-benchmark's newest time among the other saved runs in --storage, so a partial run, e.g. -k fwd, leaves
-the other benchmarks gated against the run before it). Exit 1 when one of OUR medians is more than
+benchmark's newest time among the other saved runs in --storage timed on the same GPU, name and SM count,
+so a partial run, e.g. -k fwd, leaves the other benchmarks gated against the run before it; a run on a GPU
+no saved run has is not gated). Exit 1 when one of OUR medians is more than
 --threshold percent slower; eager, torch.compile and foreign implementations are reported but never
 fail the gate. --recheck: the flagged benchmarks timed again; one within the threshold there is
 reported as cleared, not failing.
 
 table: one saved run (--run, default the newest) as Markdown tables, one per dtype and direction: every
 implementation's median, and for ours-auto its SOL, its speedup over the best torch.compile and over eager,
-and its time in --against (default: each benchmark's newest time among the other saved runs) with the ratio.
+and its time in --against (default: each benchmark's newest time among the other saved runs of its GPU) with
+the ratio.
 """
 
 from __future__ import annotations
@@ -87,19 +89,26 @@ def main(command: str, argv: Sequence[str]) -> int:
                     print("matplotlib is not installed; no plot written (pip install matplotlib)")
             return 0
         current = history.load_run(args.run) if args.run else history.newest_run(args.storage)
+        gpu = history.run_gpu(current)  # (defaults compare with runs of the same GPU only)
         if command == "table":
             against = None
             if args.against:
                 against = history.load_run(args.against)
             elif not args.no_against and len(history.load_runs(args.storage)) > 1:
-                against = history.newest_per_benchmark(args.storage, exclude=[current.path])
+                try:
+                    against = history.newest_per_benchmark(args.storage, exclude=[current.path], gpu=gpu)
+                except history.NoBaselineOnThisGpu as exc:
+                    print(f"{exc}: the tables without a comparison")
             print(history.run_tables(current, against))
             return 0
-        baseline = (
-            history.load_run(args.baseline)
-            if args.baseline
-            else history.newest_per_benchmark(args.storage, exclude=[current.path])
-        )
+        if args.baseline:
+            baseline = history.load_run(args.baseline)
+        else:
+            try:
+                baseline = history.newest_per_benchmark(args.storage, exclude=[current.path], gpu=gpu)
+            except history.NoBaselineOnThisGpu as exc:
+                print(f"{exc}: nothing to gate; this run is the first of its GPU (saved, it starts one)")
+                return 0
         recheck = history.load_run(args.recheck) if args.recheck else None
         result = history.gate(baseline, current, args.threshold / 100, recheck=recheck)
     except ValueError as exc:
