@@ -333,6 +333,9 @@ def test_the_gate_compares_runs_of_the_same_gpu_only(tmp_path: Path) -> None:
     assert "ours: 3 compared, median ratio x1.000" in proc.stdout  # (not x1.556 against the H200's ccc)
     table = run_cli("table", "--storage", f"file://{tmp_path}")
     assert table.returncode == 0 and "bbb" in table.stdout and "ccc" not in table.stdout, table.stdout
+    text = history.render_history(history.load_runs(tmp_path))
+    assert "on NVIDIA H100 80GB HBM3 (132 SMs)" in text and "on NVIDIA H200\n" in text
+    assert " on " not in history.render_history([history.load_run(h100), history.load_run(h100_slower)])
 
 
 def test_a_recheck_clears_a_burst_and_keeps_a_real_regression(tmp_path: Path) -> None:

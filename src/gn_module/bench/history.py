@@ -134,7 +134,9 @@ def run_gpu(run: SavedRun) -> tuple[str, int] | None:
 
 
 def gpu_label(gpu: tuple[str, int] | None) -> str:
-    return "an unnamed GPU" if gpu is None else f"{gpu[0]} ({gpu[1]} SMs)"
+    if gpu is None:
+        return "an unnamed GPU"
+    return f"{gpu[0]} ({gpu[1]} SMs)" if gpu[1] else gpu[0]
 
 
 class NoBaselineOnThisGpu(ValueError):
@@ -325,6 +327,7 @@ def history_rows(runs: Sequence[SavedRun], impl: str = OURS) -> list[dict[str, A
                     "dtype": dtype,
                     "direction": direction,
                     "run": run.label,
+                    "gpu": run_gpu(run),
                     "commit": run.commit,
                     "median_us": e.median_us,
                     "sol": e.sol,
@@ -342,6 +345,7 @@ def render_history(runs: Sequence[SavedRun], impl: str = OURS) -> str:
         f"{impl} across {len(runs)} saved runs (median us, fraction of SOL, speedup over the best "
         "torch.compile of the same run)"
     ]
+    several_gpus = len({run_gpu(r) for r in runs}) > 1  # (then each row names its GPU: its us are its own)
     last = None
     for r in rows:
         group = (r["case"], r["dtype"], r["direction"])
@@ -350,7 +354,8 @@ def render_history(runs: Sequence[SavedRun], impl: str = OURS) -> str:
             last = group
         sol = f"{r['sol']:.3f}" if r["sol"] is not None else "  -  "
         vs = f"x{r['vs_compile']:.2f}" if r["vs_compile"] else "  -"
-        out.append(f"  {r['run']:26} {r['median_us']:10.1f} us  SOL {sol}  vs compile {vs}")
+        gpu = f"  on {gpu_label(r['gpu'])}" if several_gpus else ""
+        out.append(f"  {r['run']:26} {r['median_us']:10.1f} us  SOL {sol}  vs compile {vs}{gpu}")
     return "\n".join(out)
 
 
