@@ -1,6 +1,7 @@
 # Shared by the scripts that are one GPU call each (streamed_rounds_check.sh, small_latency_check.sh); they
 # source it after `set -uo pipefail`:
-#   gpu_call_setup NAME OUT    $out (absolute, created), PYTHONUNBUFFERED, GN_CACHE_DIR (default /tmp/gncache)
+#   gpu_call_setup NAME OUT    $out (absolute, created), PYTHONUNBUFFERED, GN_CACHE_DIR (default /tmp/gncache),
+#                              PYTHONPATH (this tree first)
 #   step TEXT...               a timestamped line on stdout and in $out/summary.txt
 #   rows LOG [PATTERN]         a timing log's rows (time_shapes.py's timings and tile budgets, or PATTERN)
 #                              into the summary
@@ -13,6 +14,8 @@ gpu_call_setup() {
   mkdir -p "$out" && out=$(cd "$out" && pwd)
   export PYTHONUNBUFFERED=1
   export GN_CACHE_DIR=${GN_CACHE_DIR:-/tmp/gncache}
+  # this tree importable without an install (a fresh machine has none: session 49's first build failed)
+  export PYTHONPATH="$(pwd)/src:$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
 }
 
 step() { echo "== $(date +%T) $*" | tee -a "$out/summary.txt"; }

@@ -24,7 +24,7 @@ status=0
 in_tree() { (cd "$1" && shift && PYTHONPATH="$(pwd)/src:$(pwd)" "$@"); }
 
 step "builds: this tree ($here) and the candidate ($cand)"
-PYTHONPATH="$here/src:$here" build_native here  # (importable without an install: a fresh machine)
+build_native here  # (gpu_call_setup put this tree on PYTHONPATH)
 PYTHONPATH="$cand/src:$cand" build_native cand  # (the candidate's package, so its csrc)
 wait
 builds_done here cand
