@@ -5,6 +5,12 @@ import pytest
 pytest_plugins = ["pytester"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "gpu_memory_hog: takes most of the GPU's memory, so runs alone (tests/gpu_memory_lock.py)"
+    )
+
+
 @pytest.fixture(scope="session")
 def node(tmp_path_factory: pytest.TempPathFactory):
     """gn_module's C++ extension (the autograd node and the ops' C++ kernels), built into a fresh cache;

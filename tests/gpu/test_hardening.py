@@ -99,6 +99,7 @@ def test_weight_on_another_device_is_a_clear_error():
         gn_module.group_norm(x, 8, torch.ones(32))
 
 
+@pytest.mark.gpu_memory_hog
 def test_out_of_memory_is_torchs_error_and_the_process_survives():
     free, _ = torch.cuda.mem_get_info()
     elements = int(free * 0.7) // 2  # x fits; y, the workspace and the rest do not

@@ -273,6 +273,7 @@ def test_unaligned_input_uses_scalar_path():
     check_against_reference(x, 8, None, None, None, 1, dy)
 
 
+@pytest.mark.gpu_memory_hog
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_properties(0).total_memory < 60 * 2**30,
     reason="needs a GPU with >= 60 GiB",
