@@ -465,9 +465,14 @@ def l2_keeps_overflow(t: TaskTiling, teams: TaskTeams, keep_bytes: int) -> bool:
     kept in L2 by the hints (`keep_bytes`: GnArgs.l2_keep_bytes; 0 without hints)."""
     if teams.overflow_chunks == 0:
         return False
+    return member_kept_chunks(t, teams, keep_bytes) >= L2_KEPT_OVERFLOW_SHARE * teams.overflow_chunks
+
+
+def member_kept_chunks(t: TaskTiling, teams: TaskTeams, keep_bytes: int) -> int:
+    """How many of a one-launch member's overflow chunks (pairs, backward) the hints keep in L2
+    (`l2_kept_chunks` over the launch's blocks)."""
     blocks = teams.teams * teams.team_size
-    kept = l2_kept_chunks(keep_bytes, blocks, t.copy_bytes, teams.overflow_chunks)
-    return kept >= L2_KEPT_OVERFLOW_SHARE * teams.overflow_chunks
+    return l2_kept_chunks(keep_bytes, blocks, t.copy_bytes, teams.overflow_chunks)
 
 
 def l2_backward_one_launch(t: TaskTiling, teams: TaskTeams, keep_bytes: int) -> bool:
@@ -480,9 +485,8 @@ def l2_backward_one_launch(t: TaskTiling, teams: TaskTeams, keep_bytes: int) -> 
         return False
     if teams.teams == 1 and teams.rounds > 1:
         return False
-    blocks = teams.teams * teams.team_size
-    kept = l2_kept_chunks(keep_bytes, blocks, t.copy_bytes, teams.overflow_chunks)
-    return teams.overflow_chunks - kept <= L2_BWD_DRAM_REREAD_SHARE * teams.chunks_per_member
+    from_dram = teams.overflow_chunks - member_kept_chunks(t, teams, keep_bytes)
+    return from_dram <= L2_BWD_DRAM_REREAD_SHARE * teams.chunks_per_member
 
 
 def max_tiles_per_task(channels: int, window: int, batch: int = 1, direction: str = "fwd") -> int:
