@@ -8,6 +8,8 @@
 #   build_native NAME          the native library of this environment (GN_NVCC_FLAGS, GN_CSRC_DIR) in the
 #                              background, logged to $out/build_NAME.log; `wait`, then `builds_done NAMES...`
 #   builds_done NAME...        each failed build's last lines into the summary
+#   plugin_opt                 `-p pytest_gn.plugin` where no installed entry point loads the plugin (a tree on
+#                              PYTHONPATH only), else nothing (naming it twice would register it twice)
 
 gpu_call_setup() {
   out=${2:?usage: $1 OUT}
@@ -34,4 +36,12 @@ builds_done() {
       { echo "build $name:"; tail -n 3 "$out/build_$name.log"; } >>"$out/summary.txt"
     fi
   done
+}
+
+plugin_opt() {
+  python3 - <<'PY'
+from importlib.metadata import entry_points
+if not any(ep.value == "pytest_gn.plugin" for ep in entry_points(group="pytest11")):
+    print("-p pytest_gn.plugin")
+PY
 }

@@ -8,7 +8,7 @@
 #   git archive exp/streamed-on-chip | tar -x -C .ab/cand   (here, before the call)
 #   bash scripts/tree_ab_check.sh OUT .ab/cand
 # Environment: AB_TIME_SHAPES (time_shapes.py specs, space-separated), AB_ROUNDS (default 2),
-# AB_PARTS (default "tests time cases").
+# AB_PARTS (default "tests time cases"), AB_DIRECTIONS (default fwd; "fwd,bwd" for a backward change).
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
 source "$(dirname "$0")/gpu_call.sh"
@@ -42,9 +42,9 @@ for round in $(seq "${AB_ROUNDS:-2}"); do
   for name in here cand; do
     tree=$here && [ $name = cand ] && tree=$cand
     passes=auto && [ "$round" = 1 ] && passes=auto,1,2
-    step "forward, $name, round $round (--passes $passes)"
+    step "${AB_DIRECTIONS:-fwd}, $name, round $round (--passes $passes)"
     # shellcheck disable=SC2086  # (the shapes are separate arguments)
-    in_tree "$tree" timeout 150 python3 "$tree/scripts/time_shapes.py" $shapes --directions fwd --passes $passes \
+    in_tree "$tree" timeout 150 python3 "$tree/scripts/time_shapes.py" $shapes --directions "${AB_DIRECTIONS:-fwd}" --passes $passes \
       --json "$out/ts_${name}_$round.json" >"$out/ts_${name}_$round.log" 2>&1 || status=1
     rows "$out/ts_${name}_$round.log"
   done
@@ -52,7 +52,8 @@ done
 
 if want cases; then
   step "the candidate's plugin task cases (--gn-arch tasks)"
-  in_tree "$cand" timeout 300 python3 -m pytest -q -p xdist -n 8 --gn-arch tasks --pyargs pytest_gn.suite \
+  # shellcheck disable=SC2046  # (plugin_opt: zero or two words)
+  in_tree "$cand" timeout 300 python3 -m pytest -q -p xdist -n 8 $(plugin_opt) --gn-arch tasks --pyargs pytest_gn.suite \
     >"$out/cases_cand.log" 2>&1 || status=1
   tail -n 2 "$out/cases_cand.log" >>"$out/summary.txt"
 fi
