@@ -4,7 +4,12 @@ shared lock while it runs, a memory hog (`@pytest.mark.gpu_memory_hog`) an exclu
 the out-of-memory test (70 % of what is free) at once, beside the other workers. Two locks, so that a hog
 does not wait for a gap in a stream of short tests: it closes a gate that new tests pass through, then
 waits for the running ones to finish. The folder is per user and per CUDA_VISIBLE_DEVICES: concurrent runs
-on one GPU share it."""
+on one GPU share it.
+
+A lock alone is not enough: torch's caching allocator keeps a finished test's memory reserved in its worker.
+Session 50's H100 run under `-n 8` had the lock and still ran out: a finished hog's worker held 49.5 GB and
+another worker 17.2 GB while the others ran. So each turn ends with `release` (the caller's: return the cached
+memory to the driver) while the lock is still held."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import getpass
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -24,8 +29,11 @@ def lock_folder() -> Path:
 
 
 @contextlib.contextmanager
-def gpu_memory_turn(exclusive: bool, folder: Path | None = None) -> Iterator[None]:
-    """Hold the GPU's memory shared (a test), or exclusively (a hog), for the `with` body."""
+def gpu_memory_turn(
+    exclusive: bool, folder: Path | None = None, release: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Hold the GPU's memory shared (a test), or exclusively (a hog), for the `with` body. `release` runs
+    after the body, before the lock is let go (so a hog starts only once the memory is back)."""
     folder = lock_folder() if folder is None else folder
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "gate.lock", "a+") as gate, open(folder / "run.lock", "a+") as run:
@@ -39,5 +47,9 @@ def gpu_memory_turn(exclusive: bool, folder: Path | None = None) -> Iterator[Non
         try:
             yield
         finally:
-            fcntl.flock(run, fcntl.LOCK_UN)
+            try:
+                if release is not None:
+                    release()
+            finally:
+                fcntl.flock(run, fcntl.LOCK_UN)
             fcntl.flock(gate, fcntl.LOCK_UN)

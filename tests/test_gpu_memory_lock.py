@@ -3,10 +3,12 @@ share the device, and it is not starved by a stream of short tests."""
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import time
 from pathlib import Path
 
+import pytest
 from gpu_memory_lock import gpu_memory_turn, lock_folder
 
 
@@ -50,3 +52,25 @@ def test_the_folder_is_per_visible_device_set(monkeypatch) -> None:
     assert lock_folder() != one and lock_folder().name.endswith("-0,1")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert lock_folder().name.endswith("-all")
+
+
+def _run_lock_is_free(folder: Path) -> bool:
+    with open(folder / "run.lock", "a+") as f:  # (a new open file: flock sees another holder)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+@pytest.mark.parametrize("exclusive", [False, True], ids=["test", "hog"])
+def test_the_memory_goes_back_before_the_turn_ends(tmp_path: Path, exclusive: bool) -> None:
+    # the cached memory must be back with the driver before a waiting hog starts, even when the test failed
+    folder, seen = tmp_path / "locks", []
+    with (
+        pytest.raises(ValueError),
+        gpu_memory_turn(exclusive, folder, release=lambda: seen.append(_run_lock_is_free(folder))),
+    ):
+        raise ValueError("the test failed")
+    assert seen == [False] and _run_lock_is_free(folder)
