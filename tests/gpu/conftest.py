@@ -2,8 +2,8 @@ import pytest
 import torch
 from gpu_memory_lock import gpu_memory_turn
 
-# A worker keeps at most this much cached device memory past a test (a hog keeps none): with 8 workers that is
-# 16 GiB an 80 GB GPU cannot give the hog (gpu_memory_lock's docstring).
+# A worker keeps at most this much cached device memory past a test (a hog keeps none): beside a 50 GB hog
+# on an 80 GB GPU, seven idle workers then hold at most 14 GiB (gpu_memory_lock's docstring).
 KEEP_CACHED_BYTES = 2 * 2**30
 
 
