@@ -41,7 +41,11 @@ fi
 
 if [ -d benchmarks ] && [ -z "${GN_SKIP_BENCH:-}" ]; then
   storage=$(realpath "${GN_BENCH_STORAGE:-.benchmarks}")
-  baseline=$(python3 -m gn_module.bench history --storage "$storage" --newest) || { status=1; baseline=""; }
+  # pytest-benchmark's comparison table: against the newest run of this GPU, where one is saved
+  gpu=$(python3 -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}:{p.multi_processor_count}")' \
+    2>/dev/null)
+  baseline=$(python3 -m gn_module.bench history --storage "$storage" --newest ${gpu:+--gpu "$gpu"}) ||
+    { status=1; baseline=""; }
   read -r -a select <<<"${GN_BENCH_SELECT--m quick}"
   step "benchmarks ${select[*]:-(all)} against $baseline"
   if [ -n "$baseline" ]; then

@@ -301,6 +301,26 @@ def test_a_partial_run_leaves_the_other_benchmarks_gated(tmp_path: Path) -> None
 H100 = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132}
 
 
+def test_newest_of_this_gpu_for_the_comparison_table(tmp_path: Path) -> None:
+    """gpu_check.sh's pytest-benchmark comparison: the newest run of the device's GPU (session 50 saved the
+    first H100 run after 23 H200 runs; an H200 compared with it would read every row as 1.4x faster)."""
+    h200_gpu = {"name": "NVIDIA H200", "sm_count": 132}
+    h200_old, h100, h200 = write_runs(
+        tmp_path,
+        saved_json(BASE, "aaa", "2026-11-30T07:00:00", gpu=h200_gpu),
+        saved_json(BASE, "bbb", "2026-11-30T08:00:00", gpu=H100),
+        saved_json(BASE, "ccc", "2026-11-30T09:00:00", gpu=h200_gpu),
+    )
+    newest = lambda *gpu: run_cli("history", "--storage", str(tmp_path), "--newest", *gpu)  # noqa: E731
+    assert newest().stdout.strip() == str(h200)
+    assert newest("--gpu", "NVIDIA H100 80GB HBM3:132").stdout.strip() == str(h100)
+    assert newest("--gpu", "NVIDIA H200:132").stdout.strip() == str(h200)
+    assert newest("--gpu", "NVIDIA B200:148").stdout.strip() == str(h200)  # (none saved: the newest of all)
+    assert history.newest_run(tmp_path, exclude=[h200], gpu=("NVIDIA H200", 132)).path == h200_old
+    bad = newest("--gpu", "H100")
+    assert bad.returncode == 2 and "NAME:SMS" in bad.stderr
+
+
 def test_the_gate_compares_runs_of_the_same_gpu_only(tmp_path: Path) -> None:
     """Session 49 got an H100 where the history holds H200 runs: its copy is 3.0 TB/s against 4.25, so
     every bandwidth-bound row would have failed against the H200's times. The default baseline is the

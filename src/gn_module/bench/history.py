@@ -121,8 +121,22 @@ def _runs_but(storage: str | Path, exclude: Iterable[str | Path]) -> list[SavedR
     return runs
 
 
-def newest_run(storage: str | Path, *, exclude: Iterable[str | Path] = ()) -> SavedRun:
-    return _runs_but(storage, exclude)[-1]
+def newest_run(
+    storage: str | Path, *, exclude: Iterable[str | Path] = (), gpu: tuple[str, int] | None = None
+) -> SavedRun:
+    """The newest saved run; with `gpu` (name, SM count), the newest timed on that GPU, where one is saved
+    (else the newest of all)."""
+    runs = _runs_but(storage, exclude)
+    same = [r for r in runs if gpu is not None and run_gpu(r) == gpu]
+    return (same or runs)[-1]
+
+
+def parse_gpu(spec: str) -> tuple[str, int]:
+    """`NAME:SMS` (torch's device name and SM count, e.g. "NVIDIA H200:132") as `run_gpu` gives it."""
+    name, _, sms = spec.rpartition(":")
+    if not name or not sms.isdigit():
+        raise ValueError(f"a GPU is NAME:SMS (e.g. 'NVIDIA H200:132'), not {spec!r}")
+    return name, int(sms)
 
 
 def run_gpu(run: SavedRun) -> tuple[str, int] | None:

@@ -46,6 +46,12 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         )
         p.add_argument("--plot", metavar="PATH", help="write a PNG of SOL over runs (needs matplotlib)")
         p.add_argument("--newest", action="store_true", help="print only the path of the newest saved run")
+        p.add_argument(
+            "--gpu",
+            metavar="NAME:SMS",
+            help="with --newest: the newest run timed on this GPU (torch's device name and SM count), "
+            "where one is saved",
+        )
         return p
     # gate and table: one run, the newest saved one unless named
     p.add_argument("--run", metavar="JSON", help="the run to judge or show (default: the newest saved run)")
@@ -78,7 +84,8 @@ def main(command: str, argv: Sequence[str]) -> int:
     try:
         if command == "history":
             if args.newest:
-                print(history.newest_run(args.storage).path)
+                gpu = history.parse_gpu(args.gpu) if args.gpu else None
+                print(history.newest_run(args.storage, gpu=gpu).path)
                 return 0
             runs = history.load_runs(args.storage)
             print(history.render_history(runs, args.impl))
