@@ -41,8 +41,9 @@ fi
 
 if [ -d benchmarks ] && [ -z "${GN_SKIP_BENCH:-}" ]; then
   storage=$(realpath "${GN_BENCH_STORAGE:-.benchmarks}")
-  # pytest-benchmark's comparison table: against the newest run of this GPU, where one is saved
-  gpu=$(python3 -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}:{p.multi_processor_count}")' \
+  # pytest-benchmark's comparison table: against the newest run of this GPU, where one is saved (named as the
+  # saved runs' machine_info names it: bench.device.device_info)
+  gpu=$(python3 -c 'from gn_module.bench.device import device_info as d; i = d(); print(i["name"] + ":" + str(i["sm_count"]))' \
     2>/dev/null)
   baseline=$(python3 -m gn_module.bench history --storage "$storage" --newest ${gpu:+--gpu "$gpu"}) ||
     { status=1; baseline=""; }
