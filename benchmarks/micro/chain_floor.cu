@@ -1,0 +1,228 @@
+// The floor of a GroupNorm-shaped launch on small tensors (scripts/chain_floor.py builds and times it).
+//
+// A real fp16 channels_last GroupNorm forward (+ SiLU), stripped to the chain every GroupNorm must run: read x,
+// reduce each group, wait for the other blocks of the group, write y. It is a measurement, not a product path:
+// no shift for the variance, no bitwise match with gn_module's kernels, fp16 only.
+//
+// A task is one sample and a window of W channels (whole groups, 16-byte vectors); K blocks, one thread-block
+// cluster, split its rows. Each thread holds its rows in registers from one batch of loads; a block folds its
+// per-channel sums into per-group sums in shared memory; the cluster meets at its hardware barrier and every
+// block reads the K blocks' group sums over distributed shared memory (DSMEM), in rank order; then it writes y
+// from its registers. Nothing goes through global memory but x, the parameters and y.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int kMaxGroupsPerWindow = 64;
+
+struct ChainArgs {
+  const __half* x;
+  __half* y;
+  const __half* w;
+  const __half* b;
+  int64_t rows;  // rows per sample (H x W)
+  int c, cpg, window, cluster;
+  int silu;
+  float eps;
+};
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
+// p (this block's shared memory) as seen in block `rank` of the cluster
+__device__ __forceinline__ float2 load_peer(const float2* p, unsigned rank) {
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+  return v;
+}
+
+// Most threads a block of R vectors per thread may have: the registers of 1024 threads hold 4 vectors each
+// without spilling (sm_90, 64 registers), 512 threads 8, 256 threads 16.
+constexpr int max_threads(int vectors) { return vectors <= 4 ? 1024 : 4096 / vectors; }
+
+template <int R>  // 16-byte vectors per thread
+__global__ void __launch_bounds__(max_threads(R), 1) chain_gn(ChainArgs a) {
+  extern __shared__ float2 colsum[];  // [row thread][window channel]
+  __shared__ float2 block_sums[kMaxGroupsPerWindow];
+  __shared__ float2 stats[kMaxGroupsPerWindow];
+  const int vr = a.window / 8, rt_count = blockDim.x / vr;
+  const int col = threadIdx.x % vr, rt = threadIdx.x / vr;
+  const bool active = rt < rt_count;
+  const unsigned rank = cluster_rank();
+  const int task = blockIdx.x / a.cluster, windows = a.c / a.window;
+  const int64_t n = task / windows;
+  const int c0 = (task % windows) * a.window + col * 8;
+  const int64_t r0 = rank * a.rows / a.cluster, r1 = (rank + 1) * a.rows / a.cluster;
+  const int64_t base = n * a.rows * a.c + c0;
+  // the parameters first: their loads must not wait behind x's
+  uint4 wv = make_uint4(0, 0, 0, 0), bv = wv;
+  if (active) {
+    wv = __ldg(reinterpret_cast<const uint4*>(a.w + c0));
+    bv = __ldg(reinterpret_cast<const uint4*>(a.b + c0));
+  }
+  uint4 v[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int64_t r = r0 + rt + static_cast<int64_t>(i) * rt_count;
+    v[i] = active && r < r1 ? __ldcs(reinterpret_cast<const uint4*>(a.x + base + r * a.c)) : make_uint4(0, 0, 0, 0);
+  }
+  float s1[8], s2[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s1[e] = s2[e] = 0.f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {  // (rows past the block's are zeros: they add nothing)
+    const __half2* h = reinterpret_cast<const __half2*>(&v[i]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(h[j]);
+      s1[2 * j] += f.x;
+      s2[2 * j] = fmaf(f.x, f.x, s2[2 * j]);
+      s1[2 * j + 1] += f.y;
+      s2[2 * j + 1] = fmaf(f.y, f.y, s2[2 * j + 1]);
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) colsum[rt * a.window + col * 8 + e] = make_float2(s1[e], s2[e]);
+  }
+  __syncthreads();
+  // a warp per group folds its row threads and channels in a fixed order
+  const int groups = a.window / a.cpg, lane = threadIdx.x % 32;
+  for (int g = threadIdx.x / 32; g < groups; g += blockDim.x / 32) {
+    float2 acc = make_float2(0.f, 0.f);
+    for (int i = lane; i < rt_count * a.cpg; i += 32) {
+      const int rr = i / a.cpg, cc = i - rr * a.cpg;
+      const float2 p = colsum[rr * a.window + g * a.cpg + cc];
+      acc.x += p.x;
+      acc.y += p.y;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      acc.x += __shfl_xor_sync(0xffffffffu, acc.x, o);
+      acc.y += __shfl_xor_sync(0xffffffffu, acc.y, o);
+    }
+    if (lane == 0) block_sums[g] = acc;
+  }
+  cluster_arrive();  // every block's group sums, released to the cluster
+  cluster_wait();
+  if (static_cast<int>(threadIdx.x) < groups) {
+    float2 t = make_float2(0.f, 0.f);
+    for (int q = 0; q < a.cluster; ++q) {
+      const float2 p = load_peer(&block_sums[threadIdx.x], static_cast<unsigned>(q));
+      t.x += p.x;
+      t.y += p.y;
+    }
+    const float count = static_cast<float>(a.rows) * static_cast<float>(a.cpg);
+    const float mean = t.x / count;
+    const float var = fmaxf(t.y / count - mean * mean, 0.f);
+    stats[threadIdx.x] = make_float2(mean, rsqrtf(var + a.eps));
+  }
+  cluster_arrive();  // this block has read the others' sums (they may exit once all have)
+  __syncthreads();
+  if (active) {
+    float scale[8], shift[8];
+    const __half* wh = reinterpret_cast<const __half*>(&wv);
+    const __half* bh = reinterpret_cast<const __half*>(&bv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float2 st = stats[(col * 8 + e) / a.cpg];
+      scale[e] = st.y * __half2float(wh[e]);
+      shift[e] = fmaf(-st.x, scale[e], __half2float(bh[e]));
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t r = r0 + rt + static_cast<int64_t>(i) * rt_count;
+      if (r < r1) {
+        const __half2* h = reinterpret_cast<const __half2*>(&v[i]);
+        uint4 o;
+        __half2* oh = reinterpret_cast<__half2*>(&o);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __half22float2(h[j]);
+          float z0 = fmaf(f.x, scale[2 * j], shift[2 * j]), z1 = fmaf(f.y, scale[2 * j + 1], shift[2 * j + 1]);
+          if (a.silu) {
+            z0 = __fdividef(z0, 1.f + __expf(-z0));
+            z1 = __fdividef(z1, 1.f + __expf(-z1));
+          }
+          oh[j] = __floats2half2_rn(z0, z1);
+        }
+        __stcs(reinterpret_cast<uint4*>(a.y + base + r * a.c), o);
+      }
+    }
+  }
+  cluster_wait();  // no block leaves while another may still read its sums
+}
+
+__global__ void chain_empty() {}
+
+template <typename... Args>
+int launch(void (*kernel)(Args...), int grid, int threads, int cluster, int smem, cudaStream_t stream, Args... args) {
+  cudaError_t err;
+  if (cluster > 8 && (err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)))
+    return static_cast<int>(err);
+  if (smem > 48 * 1024 && (err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)))
+    return static_cast<int>(err);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, kernel, args...);
+  return static_cast<int>(err != cudaSuccess ? err : cudaGetLastError());
+}
+
+}  // namespace
+
+// Vectors per thread the launch needs (0: more than chain_gn is built for); -1 for a bad geometry.
+extern "C" int chain_vectors(long long rows, int c, int cpg, int window, int cluster, int threads) {
+  if (window % 8 || window % cpg || c % window || window / cpg > kMaxGroupsPerWindow || threads % 32 ||
+      threads > 1024 || window / 8 > threads || cluster < 1 || cluster > 16)
+    return -1;
+  const long long block_rows = (rows + cluster - 1) / cluster;
+  const long long per_pass = threads / (window / 8);
+  const long long r = (block_rows + per_pass - 1) / per_pass;
+  for (int v = 1; v <= 16; v *= 2)
+    if (r <= v) return threads <= max_threads(v) ? v : 0;
+  return 0;
+}
+
+extern "C" int chain_launch(const void* x, void* y, const void* w, const void* b, long long batch, long long rows,
+                            int c, int cpg, int window, int cluster, int threads, int silu, float eps, void* stream) {
+  const int vectors = chain_vectors(rows, c, cpg, window, cluster, threads);
+  if (vectors <= 0) return -1;
+  ChainArgs a{static_cast<const __half*>(x), static_cast<__half*>(y), static_cast<const __half*>(w),
+              static_cast<const __half*>(b), rows, c, cpg, window, cluster, silu, eps};
+  const int grid = static_cast<int>(batch * (c / window) * cluster);
+  const int smem = (threads / (window / 8)) * window * static_cast<int>(sizeof(float2));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (vectors) {
+    case 1: return launch(chain_gn<1>, grid, threads, cluster, smem, s, a);
+    case 2: return launch(chain_gn<2>, grid, threads, cluster, smem, s, a);
+    case 4: return launch(chain_gn<4>, grid, threads, cluster, smem, s, a);
+    case 8: return launch(chain_gn<8>, grid, threads, cluster, smem, s, a);
+    default: return launch(chain_gn<16>, grid, threads, cluster, smem, s, a);
+  }
+}
+
+// An empty kernel on the same grid of clusters: the launch's own share of the chain.
+extern "C" int chain_empty_launch(int grid, int threads, int cluster, void* stream) {
+  return launch(chain_empty, grid, threads, cluster, 0, static_cast<cudaStream_t>(stream));
+}
