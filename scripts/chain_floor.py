@@ -12,7 +12,8 @@ Beside the best geometry, in the same run: `ours auto` (gn_module.group_norm), t
 `y.copy_(x)` and `torch.neg(x, out=y)`: one launch moving the same bytes, bench.floor's), and an empty kernel
 on the best geometry's grid of clusters (the launch's own share). The kernel keeps each thread's rows in
 registers (one batch of loads), folds a block's sums in shared memory and exchanges the cluster's over
-distributed shared memory: it is the chain stripped of everything else, so what it takes is what a read,
+distributed shared memory (the best geometry is timed again exchanging them through global memory, as
+gn_module's cluster teams do): it is the chain stripped of everything else, so what it takes is what a read,
 a reduction across blocks and a write cost on these shapes here.
 """
 
@@ -60,15 +61,9 @@ def build(workdir: str) -> ctypes.CDLL:
         print("WARNING: ptxas spills:", *spills, sep="\n  ")
     cdll = ctypes.CDLL(lib)
     cdll.chain_vectors.argtypes = [ctypes.c_longlong] + [ctypes.c_int] * 5
-    cdll.chain_launch.argtypes = (
-        [ctypes.c_void_p] * 4
-        + [ctypes.c_longlong] * 2
-        + [ctypes.c_int] * 6
-        + [
-            ctypes.c_float,
-            ctypes.c_void_p,
-        ]
-    )
+    # (x, y, w, b, batch, rows, C, cpg, window, cluster, threads, silu, eps, exchange, stream)
+    pointers, longs, ints = [ctypes.c_void_p] * 4, [ctypes.c_longlong] * 2, [ctypes.c_int] * 6
+    cdll.chain_launch.argtypes = pointers + longs + ints + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p]
     cdll.chain_empty_launch.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p]
     return cdll
 
@@ -103,8 +98,8 @@ def sweep_shape(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
     silu = int(act == "silu")
     pointers = (x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), n, rows, c, cpg)
 
-    def launch(window: int, cluster: int, threads: int) -> None:
-        rc = lib.chain_launch(*pointers, window, cluster, threads, silu, EPS, current_stream())
+    def launch(window: int, cluster: int, threads: int, exchange: int | None = None) -> None:
+        rc = lib.chain_launch(*pointers, window, cluster, threads, silu, EPS, exchange, current_stream())
         if rc:
             raise RuntimeError(f"launch failed: {rc}")
 
@@ -147,6 +142,13 @@ def sweep_shape(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
         with torch.no_grad():
             return gn_module.group_norm(x, groups, w, b, EPS, act)
 
+    # the best geometry again, its blocks' sums exchanged through global memory as gn_module's clusters do
+    exchange = torch.empty(2 * best["grid"] * lib.chain_exchange_per_block(), device=dev)
+    geometry = {k: best[k] for k in ("window", "cluster", "threads")}
+    y.fill_(float("nan"))
+    launch(**geometry, exchange=exchange.data_ptr())
+    global_ok = bool(torch.isfinite(y).all().item())
+    global_us = timed(lambda: launch(**geometry, exchange=exchange.data_ptr()), timer)
     copy_us = min(timed(lambda: y.copy_(x), timer), timed(lambda: torch.neg(x, out=y), timer))
     row = {
         "shape": spec,
@@ -154,12 +156,15 @@ def sweep_shape(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
         "ours_us": round(timed(ours, timer), 2),
         "copy_floor_us": round(copy_us, 2),
         "empty_launch_us": round(timed(empty, timer), 2),
+        "global_exchange_us": round(global_us, 2),
+        "global_exchange_ok": global_ok,
         "geometries": results,
     }
     print(
         f"== {spec}: chain floor {best['us']:.2f} us (W={best['window']} K={best['cluster']} "
         f"T={best['threads']}, grid {best['grid']}); ours auto {row['ours_us']:.2f}; copy floor "
-        f"{row['copy_floor_us']:.2f}; empty launch of that grid {row['empty_launch_us']:.2f}",
+        f"{row['copy_floor_us']:.2f}; empty launch of that grid {row['empty_launch_us']:.2f}; "
+        f"its sums through global memory {global_us:.2f} ({'ok' if global_ok else 'WRONG'})",
         flush=True,
     )
     return row

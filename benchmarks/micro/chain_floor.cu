@@ -27,6 +27,9 @@ struct ChainArgs {
   int c, cpg, window, cluster;
   int silu;
   float eps;
+  // non-null: the blocks exchange their group sums through this global buffer (ld.cg after the barrier)
+  // instead of distributed shared memory, as gn_module's cluster teams do: what DSMEM saves
+  float2* exchange;
 };
 
 __device__ __forceinline__ unsigned cluster_rank() {
@@ -112,14 +115,19 @@ __global__ void __launch_bounds__(max_threads(R), 1) chain_gn(ChainArgs a) {
       acc.x += __shfl_xor_sync(0xffffffffu, acc.x, o);
       acc.y += __shfl_xor_sync(0xffffffffu, acc.y, o);
     }
-    if (lane == 0) block_sums[g] = acc;
+    if (lane == 0) {
+      block_sums[g] = acc;
+      if (a.exchange != nullptr) a.exchange[static_cast<int64_t>(blockIdx.x) * kMaxGroupsPerWindow + g] = acc;
+    }
   }
   cluster_arrive();  // every block's group sums, released to the cluster
   cluster_wait();
   if (static_cast<int>(threadIdx.x) < groups) {
     float2 t = make_float2(0.f, 0.f);
+    const int64_t first = static_cast<int64_t>(blockIdx.x - rank) * kMaxGroupsPerWindow + threadIdx.x;
     for (int q = 0; q < a.cluster; ++q) {
-      const float2 p = load_peer(&block_sums[threadIdx.x], static_cast<unsigned>(q));
+      const float2 p = a.exchange != nullptr ? __ldcg(a.exchange + first + q * kMaxGroupsPerWindow)
+                                             : load_peer(&block_sums[threadIdx.x], static_cast<unsigned>(q));
       t.x += p.x;
       t.y += p.y;
     }
@@ -204,12 +212,16 @@ extern "C" int chain_vectors(long long rows, int c, int cpg, int window, int clu
   return 0;
 }
 
+// `exchange`: null (DSMEM), or chain_exchange_per_block() float2 per block of the grid (global memory).
+extern "C" int chain_exchange_per_block() { return kMaxGroupsPerWindow; }
+
 extern "C" int chain_launch(const void* x, void* y, const void* w, const void* b, long long batch, long long rows,
-                            int c, int cpg, int window, int cluster, int threads, int silu, float eps, void* stream) {
+                            int c, int cpg, int window, int cluster, int threads, int silu, float eps, void* exchange,
+                            void* stream) {
   const int vectors = chain_vectors(rows, c, cpg, window, cluster, threads);
   if (vectors <= 0) return -1;
   ChainArgs a{static_cast<const __half*>(x), static_cast<__half*>(y), static_cast<const __half*>(w),
-              static_cast<const __half*>(b), rows, c, cpg, window, cluster, silu, eps};
+              static_cast<const __half*>(b), rows, c, cpg, window, cluster, silu, eps, static_cast<float2*>(exchange)};
   const int grid = static_cast<int>(batch * (c / window) * cluster);
   const int smem = (threads / (window / 8)) * window * static_cast<int>(sizeof(float2));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
