@@ -148,7 +148,8 @@ inline cudaError_t active_clusters(Kernel kernel, const cudaLaunchConfig_t& conf
 // blocks) fit and save 1.7-2.2 us (RESULTS.md session 28).
 constexpr int kNoClusterFits = -1;
 inline int launch_clusters(const GnArgs& a, cudaStream_t stream, Kernel kernel) {
-  cudaError_t err = allow_smem(reinterpret_cast<const void*>(kernel), a.smem);
+  const int smem = cluster_smem(a);
+  cudaError_t err = allow_smem(reinterpret_cast<const void*>(kernel), smem);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -158,7 +159,7 @@ inline int launch_clusters(const GnArgs& a, cudaStream_t stream, Kernel kernel) 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.grid));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(a.smem);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
   config.stream = stream;
   config.attrs = attribute;
   config.numAttrs = 1;

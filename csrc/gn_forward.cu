@@ -320,22 +320,31 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
   if (kTracePrologue) trace_point(a, 9);
   prefetch_task_params(a, task);
-  const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);
+  float2* const local_parts = kClusterDsmem ? cluster_local_partials(a) : nullptr;
+  const int chunks =
+      member_stats<T, V, true, kClusterDsmem>(a, task, t0, t1, sm, 5, 0, local_parts, cluster_member_tiles(a));
   trace_point(a, 1);
   load_task_params(a, task, sm.param);  // (its loads fly across the barrier)
   cluster_barrier();
   trace_point(a, 2);
   const int64_t ng0 = task_group0(a, task);
-  group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
+  auto emit = [&](int gl, float mean, float rstd) {
     sm.grp[gl] = make_float2(mean, rstd);
     if (member == 0) {
       a.mean[ng0 + gl] = mean;
       a.rstd[ng0 + gl] = rstd;
     }
-  });
+  };
+  if constexpr (kClusterDsmem) {
+    cluster_group_stats<T>(a, task, local_parts, emit);
+    cluster_arrive();  // done with the other members' shared memory (they wait for this before they exit)
+  } else {
+    group_stats<T>(a, task, emit);
+  }
   __syncthreads();
   trace_point(a, 3);
   const int reread = member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
+  if constexpr (kClusterDsmem) cluster_wait();
   trace_point(a, 4);
   trace_point(a, 15);
   record(a, 1, static_cast<int>(t1 - t0));

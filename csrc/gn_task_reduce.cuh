@@ -183,6 +183,70 @@ __device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&
   }
 }
 
+// A cluster member's tile partials in its dynamic shared memory (GN_EXP_CLUSTER_DSMEM): [group][its tile].
+__device__ __forceinline__ float2* cluster_local_partials(const GnArgs& a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  return reinterpret_cast<float2*>(smem + cluster_partials_offset(a));
+}
+
+// group_stats for a cluster team whose members hold their partials in shared memory (`local`, the same
+// offset in every member: cluster_local_partials): tile t's comes from its member's over DSMEM. The same
+// lanes, the same order and the same fold as group_stats: the same bits. After the cluster barrier.
+template <typename T, typename Emit>
+__device__ __forceinline__ void cluster_group_stats(const GnArgs& a, int64_t task, const float2* local, Emit&& emit) {
+  const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
+  const int cpg = channels_per_group(a);
+  const int gw = groups_per_window(a);
+  const int tiles = static_cast<int>(a.tiles_per_task);
+  const int stride = cluster_member_tiles(a);
+  const int log2_lanes = combine_lanes_log2(gw), lanes = 1 << log2_lanes;
+  const int j = threadIdx.x & (lanes - 1);
+  const int per_lane = (tiles - j + lanes - 1) >> log2_lanes;
+  for (int base = 0; base < gw; base += kThreads >> log2_lanes) {
+    const int gl = base + (threadIdx.x >> log2_lanes);
+    float2 acc = make_float2(0.f, 0.f);
+    float shift = 0.f;
+    if (gl < gw) {
+      shift = to_float(static_cast<const T*>(a.x)[n * a.s * a.c + c0 + gl * cpg]);
+      int owner = 0, owner_t0 = 0, owner_t1 = member_tile(a, 1);  // the member that holds tile t
+      constexpr int kBatch = 16;  // loads in flight together, then added in order (sum_partials)
+      for (int i0 = 0; i0 < per_lane; i0 += kBatch) {
+        float2 v[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          v[i] = make_float2(0.f, 0.f);
+          if (i0 + i < per_lane) {
+            const int t = j + ((i0 + i) << log2_lanes);
+            while (t >= owner_t1) {
+              owner_t0 = owner_t1;
+              owner_t1 = member_tile(a, ++owner + 1);
+            }
+            v[i] = load_cluster_peer(local + gl * stride + (t - owner_t0), owner);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          if (i0 + i < per_lane) {
+            acc.x += v[i].x;
+            acc.y += v[i].y;
+          }
+        }
+      }
+    }
+    for (int o = lanes / 2; o > 0; o >>= 1) {
+      acc.x += __shfl_xor_sync(kFull, acc.x, o);
+      acc.y += __shfl_xor_sync(kFull, acc.y, o);
+    }
+    if (gl < gw && j == 0) {
+      const float count = static_cast<float>(a.s) * static_cast<float>(cpg);
+      const float m = acc.x / count;
+      const float v = acc.y / count - m * m;
+      const float var = v < 0.f ? 0.f : v;  // rounding can go below 0; NaN stays NaN
+      emit(gl, shift + m, rsqrtf(var + a.eps));
+    }
+  }
+}
+
 // The statistics of a task, written to a.mean / a.rstd (the two-pass stats launch's last block).
 template <typename T>
 __device__ void combine_task(const GnArgs& a, int64_t task) {
