@@ -1,6 +1,6 @@
 """The small shapes' chain floor (GPU): how fast can any kernel read x, reduce each group, and write y?
 
-    python scripts/chain_floor.py [--shapes 2x1280x16x16:silu,2x640x32x32:silu,...] [--json PATH]
+    python scripts/chain_floor.py [--shapes 2x1280x16x16:silu,...] [--directions fwd,bwd] [--json PATH]
 
 Builds benchmarks/micro/chain_floor.cu with nvcc (this GPU's arch, sm_90 or newer: it uses thread-block
 clusters) and times its GroupNorm forward with the benchmark's timer (CUDA events, L2 flushed, a GPU spin
@@ -8,9 +8,12 @@ ahead, median) over a grid of geometries per shape: task windows W (whole groups
 sizes K (blocks per task; 1 = a block per task, no wait at all) and block sizes. Every geometry is first run
 once with y poisoned (NaN) and checked against an fp64 GroupNorm, so no geometry that skips work is timed.
 
-Beside the best geometry, in the same run: `ours auto` (gn_module.group_norm), the copy floor (the faster of
-`y.copy_(x)` and `torch.neg(x, out=y)`: one launch moving the same bytes, bench.floor's), and an empty kernel
-on the best geometry's grid of clusters (the launch's own share). The kernel keeps each thread's rows in
+Beside the best geometry, in the same run: `ours auto` (gn_module.group_norm, the benchmark's calls), the copy
+floor (bench.floor's launches moving the same bytes: `y.copy_(x)` or `torch.neg(x, out=y)`, the backward
+`torch.add(x, dy, out=dx)`), and an empty kernel on the best geometry's grid of clusters (the launch's own
+share). The backward kernel (`chain_bwd`) takes the forward's saved statistics, gives each cluster a window of
+channels over all samples (so dweight and dbias need no second level; batch x blocks per sample <= 16) and
+writes dx, dweight and dbias, all checked against fp64 autograd. The kernel keeps each thread's rows in
 registers (one batch of loads), folds a block's sums in shared memory and exchanges the cluster's over
 distributed shared memory (the best geometry is timed again exchanging them through global memory, as
 gn_module's cluster teams do): it is the chain stripped of everything else, so what it takes is what a read,
@@ -27,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 import torch
 
@@ -65,6 +69,9 @@ def build(workdir: str) -> ctypes.CDLL:
     pointers, longs, ints = [ctypes.c_void_p] * 4, [ctypes.c_longlong] * 2, [ctypes.c_int] * 6
     cdll.chain_launch.argtypes = pointers + longs + ints + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p]
     cdll.chain_empty_launch.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p]
+    cdll.chain_bwd_vectors.argtypes = [ctypes.c_longlong] * 2 + [ctypes.c_int] * 5
+    # (x, dy, dx, w, b, mean, rstd, dw, db, batch, rows, C, cpg, window, per_sample, threads, silu, stream)
+    cdll.chain_bwd_launch.argtypes = [ctypes.c_void_p] * 9 + longs + [ctypes.c_int] * 6 + [ctypes.c_void_p]
     return cdll
 
 
@@ -81,11 +88,61 @@ def reference(
     return torch.nn.functional.silu(y) if act == "silu" else y
 
 
-def sweep_shape(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
-    """Every geometry of one shape, checked and timed; the best beside ours, the copy floor and the launch."""
+def excess(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """How far `got` strays beyond a 1 % relative band around the fp64 `ref` (inf for a non-finite value)."""
+    if not bool(torch.isfinite(got).all().item()):
+        return math.inf
+    return ((got.double() - ref).abs() - 1e-2 * ref.abs()).max().item()
+
+
+def current_stream() -> ctypes.c_void_p:
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def timed(fn: Callable[[], object], timer: EventTimer) -> float:
+    return time_cuda(fn, reps=100, warmup=5, min_reps=30, max_seconds=0.15, timer=timer).median_us
+
+
+def checked(rc: int) -> None:
+    if rc:
+        raise RuntimeError(f"launch failed: {rc}")
+
+
+def sweep(
+    label: str,
+    geometries: list[dict],
+    launch: Callable[..., None],
+    error: Callable[[], float],
+    poison: Callable[[], None],
+    timer: EventTimer,
+) -> tuple[list[dict], dict | None]:
+    """Runs each geometry once on poisoned outputs, checks it (`error()` <= 2e-2), times the ones that
+    pass; returns every row and the fastest that passed."""
+    results = []
+    for geometry in geometries:
+        poison()
+        try:
+            launch(**geometry)
+            torch.cuda.synchronize()
+        except RuntimeError as err:  # e.g. clusters of 16 that cannot be placed
+            print(f"{label} {geometry}: {err}")
+            continue
+        err = error()
+        ok = err <= 2e-2
+        us = timed(lambda g=geometry: launch(**g), timer) if ok else math.nan
+        results.append({**geometry, "us": round(us, 2), "ok": ok, "err": err})
+        shown = " ".join(f"{k}={v}" for k, v in geometry.items())
+        print(f"{label:26} {shown:48} {us:7.2f} us {'ok' if ok else 'WRONG'} (err {err:.2e})", flush=True)
+    good = [r for r in results if r["ok"]]
+    if not good:
+        print(f"{label}: no geometry passed")
+    return results, min(good, key=lambda r: r["us"]) if good else None
+
+
+def forward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
+    """Every forward geometry of one shape; the best beside ours, the copy floor, the empty launch, and the
+    best again exchanging its sums through global memory (as gn_module's cluster teams do)."""
     shape, groups, act = parse(spec)
-    if act not in (None, "silu"):
-        raise SystemExit(f"{spec}: the chain kernel has SiLU or no activation")
     dev = timer.device
     n, c = shape[0], shape[1]
     rows = math.prod(shape[2:])
@@ -95,64 +152,42 @@ def sweep_shape(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
     b = (0.5 * torch.randn(c, device=dev)).half()
     y = torch.empty_like(x)
     ref = reference(x, groups, w, b, act)
+    head = (x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), n, rows, c, cpg)
     silu = int(act == "silu")
-    pointers = (x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), n, rows, c, cpg)
 
     def launch(window: int, cluster: int, threads: int, exchange: int | None = None) -> None:
-        rc = lib.chain_launch(*pointers, window, cluster, threads, silu, EPS, exchange, current_stream())
-        if rc:
-            raise RuntimeError(f"launch failed: {rc}")
+        checked(lib.chain_launch(*head, window, cluster, threads, silu, EPS, exchange, current_stream()))
 
-    results = []
-    for window in windows(c, cpg):
-        for cluster in CLUSTERS:
-            for threads in THREADS:
-                if lib.chain_vectors(rows, c, cpg, window, cluster, threads) <= 0:
-                    continue
-                geometry = {"window": window, "cluster": cluster, "threads": threads}
-                y.fill_(float("nan"))
-                try:
-                    launch(**geometry)
-                    torch.cuda.synchronize()
-                except RuntimeError as err:  # e.g. clusters of 16 that cannot be placed
-                    print(f"{spec} {geometry}: {err}")
-                    continue
-                err = ((y.double() - ref).abs() - 1e-2 * ref.abs()).max().item()
-                ok = bool(torch.isfinite(y).all().item()) and err <= 2e-2
-                us = timed(lambda g=geometry: launch(**g), timer) if ok else float("nan")
-                grid = n * (c // window) * cluster
-                results.append({**geometry, "grid": grid, "us": round(us, 2), "ok": ok, "err": err})
-                print(
-                    f"{spec:22} W={window:<4} K={cluster:<3} T={threads:<5} grid {grid:<5} "
-                    f"{us:7.2f} us {'ok' if ok else 'WRONG'} (err {err:.2e})",
-                    flush=True,
-                )
-    good = [r for r in results if r["ok"]]
-    if not good:
-        print(f"{spec}: no geometry passed")
+    geometries = [
+        {"window": wc, "cluster": k, "threads": t}
+        for wc in windows(c, cpg)
+        for k in CLUSTERS
+        for t in THREADS
+        if lib.chain_vectors(rows, c, cpg, wc, k, t) > 0
+    ]
+    results, best = sweep(
+        f"{spec} fwd", geometries, launch, lambda: excess(y, ref), lambda: y.fill_(math.nan), timer
+    )
+    if best is None:
         return None
-    best = min(good, key=lambda r: r["us"])
-
-    def empty() -> None:
-        rc = lib.chain_empty_launch(best["grid"], best["threads"], best["cluster"], current_stream())
-        if rc:
-            raise RuntimeError(f"launch failed: {rc}")
+    grid = n * (c // best["window"]) * best["cluster"]
+    geometry = {k: best[k] for k in ("window", "cluster", "threads")}
+    exchange = torch.empty(2 * grid * lib.chain_exchange_per_block(), device=dev)
+    y.fill_(math.nan)
+    launch(**geometry, exchange=exchange.data_ptr())
+    global_ok = excess(y, ref) <= 2e-2
+    global_us = timed(lambda: launch(**geometry, exchange=exchange.data_ptr()), timer)
 
     def ours() -> torch.Tensor:
         with torch.no_grad():
             return gn_module.group_norm(x, groups, w, b, EPS, act)
 
-    # the best geometry again, its blocks' sums exchanged through global memory as gn_module's clusters do
-    exchange = torch.empty(2 * best["grid"] * lib.chain_exchange_per_block(), device=dev)
-    geometry = {k: best[k] for k in ("window", "cluster", "threads")}
-    y.fill_(float("nan"))
-    launch(**geometry, exchange=exchange.data_ptr())
-    global_ok = bool(torch.isfinite(y).all().item())
-    global_us = timed(lambda: launch(**geometry, exchange=exchange.data_ptr()), timer)
     copy_us = min(timed(lambda: y.copy_(x), timer), timed(lambda: torch.neg(x, out=y), timer))
+    empty = lambda: checked(lib.chain_empty_launch(grid, best["threads"], best["cluster"], current_stream()))  # noqa: E731
     row = {
         "shape": spec,
-        "best": best,
+        "direction": "fwd",
+        "best": {**best, "grid": grid},
         "ours_us": round(timed(ours, timer), 2),
         "copy_floor_us": round(copy_us, 2),
         "empty_launch_us": round(timed(empty, timer), 2),
@@ -160,33 +195,102 @@ def sweep_shape(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
         "global_exchange_ok": global_ok,
         "geometries": results,
     }
-    print(
-        f"== {spec}: chain floor {best['us']:.2f} us (W={best['window']} K={best['cluster']} "
-        f"T={best['threads']}, grid {best['grid']}); ours auto {row['ours_us']:.2f}; copy floor "
-        f"{row['copy_floor_us']:.2f}; empty launch of that grid {row['empty_launch_us']:.2f}; "
-        f"its sums through global memory {global_us:.2f} ({'ok' if global_ok else 'WRONG'})",
-        flush=True,
-    )
+    report(row, f"; its sums through global memory {global_us:.2f} ({'ok' if global_ok else 'WRONG'})")
     return row
 
 
-def current_stream() -> ctypes.c_void_p:
-    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+def backward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
+    """Every backward geometry of one shape; the best beside ours (the benchmark's autograd.grad on a graph
+    built once), the copy floor and the empty launch."""
+    shape, groups, act = parse(spec)
+    dev = timer.device
+    n, c = shape[0], shape[1]
+    rows = math.prod(shape[2:])
+    cpg = c // groups
+    x = torch.randn(shape, device=dev, dtype=torch.float16).to(memory_format=torch.channels_last)
+    w = (1 + 0.5 * torch.randn(c, device=dev)).half()
+    b = (0.5 * torch.randn(c, device=dev)).half()
+    dy = torch.randn_like(x)
+    dx = torch.empty_like(x)
+    dw = torch.empty(c, device=dev)
+    db = torch.empty(c, device=dev)
+    var, mean = torch.var_mean(x.float().reshape(n, groups, -1), dim=2, unbiased=False)
+    rstd = torch.rsqrt(var + EPS).contiguous()
+    mean = mean.contiguous()
+    # fp64 autograd's dx, dweight, dbias
+    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+    ref = torch.autograd.grad(reference(xd, groups, wd, bd, act), (xd, wd, bd), dy.double())
+    head = (x.data_ptr(), dy.data_ptr(), dx.data_ptr(), w.data_ptr(), b.data_ptr(), mean.data_ptr())
+    head += (rstd.data_ptr(), dw.data_ptr(), db.data_ptr(), n, rows, c, cpg)
+    silu = int(act == "silu")
+
+    def launch(window: int, per_sample: int, threads: int) -> None:
+        checked(lib.chain_bwd_launch(*head, window, per_sample, threads, silu, current_stream()))
+
+    def error() -> float:  # dweight and dbias: sums of many terms, against their own scale
+        scale = [1.0, ref[1].abs().max().item(), ref[2].abs().max().item()]
+        return max(excess(got / s, r / s) for got, r, s in zip((dx, dw, db), ref, scale, strict=True))
+
+    def poison() -> None:
+        for t in (dx, dw, db):
+            t.fill_(math.nan)
+
+    geometries = [
+        {"window": wc, "per_sample": k, "threads": t}
+        for wc in windows(c, cpg)
+        for k in CLUSTERS
+        for t in THREADS
+        if lib.chain_bwd_vectors(n, rows, c, cpg, wc, k, t) > 0
+    ]
+    results, best = sweep(f"{spec} bwd", geometries, launch, error, poison, timer)
+    if best is None:
+        return None
+    cluster = n * best["per_sample"]
+    grid = (c // best["window"]) * cluster
+    xg, wg, bg = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y = gn_module.group_norm(xg, groups, wg, bg, EPS, act)
+    ours = lambda: torch.autograd.grad(y, (xg, wg, bg), dy, retain_graph=True)  # noqa: E731
+    empty = lambda: checked(lib.chain_empty_launch(grid, best["threads"], cluster, current_stream()))  # noqa: E731
+    row = {
+        "shape": spec,
+        "direction": "bwd",
+        "best": {**best, "cluster": cluster, "grid": grid},
+        "ours_us": round(timed(ours, timer), 2),
+        "copy_floor_us": round(timed(lambda: torch.add(x, dy, out=dx), timer), 2),
+        "empty_launch_us": round(timed(empty, timer), 2),
+        "geometries": results,
+    }
+    report(row)
+    return row
 
 
-def timed(fn, timer: EventTimer) -> float:
-    return time_cuda(fn, reps=100, warmup=5, min_reps=30, max_seconds=0.15, timer=timer).median_us
+def report(row: dict, extra: str = "") -> None:
+    best = row["best"]
+    print(
+        f"== {row['shape']} {row['direction']}: chain floor {best['us']:.2f} us (W={best['window']} "
+        f"K={best['cluster']} T={best['threads']}, grid {best['grid']}); ours auto {row['ours_us']:.2f}; "
+        f"copy floor {row['copy_floor_us']:.2f}; empty launch of that grid "
+        f"{row['empty_launch_us']:.2f}{extra}",
+        flush=True,
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--directions", default="fwd,bwd")
     ap.add_argument("--json")
     args = ap.parse_args()
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
+    measure = {"fwd": forward_row, "bwd": backward_row}
+    for spec in args.shapes.split(","):
+        if parse(spec)[2] not in (None, "silu"):
+            raise SystemExit(f"{spec}: the chain kernels have SiLU or no activation")
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
-        rows = [sweep_shape(lib, spec, timer) for spec in args.shapes.split(",")]
+        for direction in args.directions.split(","):
+            rows += [measure[direction](lib, spec, timer) for spec in args.shapes.split(",")]
     if args.json:
         with open(args.json, "w") as fh:
             out = {"device": torch.cuda.get_device_name(), "rows": [r for r in rows if r is not None]}

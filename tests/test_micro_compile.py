@@ -49,7 +49,7 @@ def test_chain_floor_builds_and_sizes_its_geometries(tmp_path: Path) -> None:
     each block's rows to its threads in as few 16-byte vectors as its registers allow, or refuses."""
     lib_path = tmp_path / "libchain_floor.so"
     report = build_sm90(CHAIN, lib_path, "-shared", "-Xcompiler", "-fPIC")
-    assert report.count("chain_gn") >= 5  # one kernel per vector count
+    assert report.count("chain_gn") >= 5 and report.count("chain_bwd") >= 6  # one kernel per vector count
     lib = ctypes.CDLL(str(lib_path))
     lib.chain_vectors.argtypes = [ctypes.c_longlong] + [ctypes.c_int] * 5
     vectors = lib.chain_vectors  # (rows, C, channels per group, window, cluster, threads)
@@ -73,3 +73,12 @@ def test_chain_floor_builds_and_sizes_its_geometries(tmp_path: Path) -> None:
         (256, 1280, 40, 40, 2, 100),
     ]:
         assert vectors(*bad) == -1, bad
+    # the backward: a cluster holds every sample of its window (batch x blocks per sample <= 16)
+    lib.chain_bwd_vectors.argtypes = [ctypes.c_longlong] * 2 + [ctypes.c_int] * 5
+    bwd = lib.chain_bwd_vectors  # (batch, rows, C, channels per group, window, blocks per sample, threads)
+    assert bwd(2, 4096, 320, 10, 40, 8, 512) == 6  # 2x320x64x64: 512 rows a block, 102 at a time
+    assert bwd(2, 4096, 320, 10, 40, 8, 1024) == 0  # 3 vectors of x and dy: not in 1024 threads' registers
+    assert bwd(2, 4096, 320, 10, 40, 16, 512) == -1  # 2 x 16 blocks: more than a cluster
+    assert bwd(1, 16384, 512, 16, 32, 16, 256) == 0  # 1024 rows, 64 at a time: 16 vectors, more than it holds
+    assert bwd(1, 16384, 512, 16, 16, 16, 256) == 8  # 128 at a time
+    assert bwd(2, 256, 1280, 40, 640, 1, 256) == -1  # a window beyond 512 channels

@@ -1,4 +1,5 @@
-// The floor of a GroupNorm-shaped launch on small tensors (scripts/chain_floor.py builds and times it).
+// The floor of a GroupNorm-shaped launch on small tensors, forward and backward (scripts/chain_floor.py builds
+// and times it).
 //
 // A real fp16 channels_last GroupNorm forward (+ SiLU), stripped to the chain every GroupNorm must run: read x,
 // reduce each group, wait for the other blocks of the group, write y. It is a measurement, not a product path:
@@ -172,6 +173,178 @@ __global__ void __launch_bounds__(max_threads(R), 1) chain_gn(ChainArgs a) {
   cluster_wait();  // no block leaves while another may still read its sums
 }
 
+// ---------------------------------------------------------------- backward
+// The backward's chain: read x and dy, reduce per channel, wait for the cluster, write dx. A task is one
+// window of W channels over ALL samples (so dweight and dbias need no second level: the cluster holds every
+// sample of its channels; batch x per_sample <= 16 blocks). Block `rank` takes sample rank / per_sample and
+// a 1 / per_sample share of its rows. From the forward's saved mean and rstd each thread forms
+// xhat = (x - mean) rstd, z = xhat w + b, dz = dy act'(z), and sums dz and dz xhat per channel. The cluster
+// exchanges those per-channel sums over DSMEM: a sample's per-group terms are the w-weighted sums over its
+// blocks and its group's channels, dweight / dbias the sums over all blocks (rank 0 stores them, float32).
+// dx = rstd (dz w - mean(dz w) - xhat mean(dz w xhat)), from the registers.
+constexpr int kMaxWindow = 512;
+
+struct ChainBwdArgs {
+  const __half* x;
+  const __half* dy;
+  __half* dx;
+  const __half* w;
+  const __half* b;
+  const float* mean;  // [batch, groups]
+  const float* rstd;
+  float* dw;  // [C]
+  float* db;
+  int64_t rows;
+  int c, cpg, groups, window, cluster, per_sample;
+  int silu;
+};
+
+// Most threads of a backward block of R vectors of x (and R of dy) per thread, without spills (sm_90).
+constexpr int max_threads_bwd(int vectors) { return vectors <= 1 ? 1024 : vectors <= 6 ? 512 : 256; }
+
+__device__ __forceinline__ float silu_grad_of(float dy, float z) {
+  const float s = __fdividef(1.f, 1.f + __expf(-z));
+  return dy * s * fmaf(z, 1.f - s, 1.f);
+}
+
+template <int R>
+__global__ void __launch_bounds__(max_threads_bwd(R), 1) chain_bwd(ChainBwdArgs a) {
+  extern __shared__ float2 colsum[];  // [row thread][window channel]
+  __shared__ float2 chan[kMaxWindow];  // this block's per-channel (sum dz, sum dz xhat)
+  __shared__ float2 weighted[kMaxWindow];  // this sample's, times w
+  __shared__ float2 terms[kMaxGroupsPerWindow];  // this sample's per-group means of dz w and dz w xhat
+  const int vr = a.window / 8, rt_count = blockDim.x / vr;
+  const int col = threadIdx.x % vr, rt = threadIdx.x / vr;
+  const bool active = rt < rt_count;
+  const int rank = static_cast<int>(cluster_rank());
+  const int n = rank / a.per_sample, part = rank % a.per_sample;
+  const int cw = (blockIdx.x / a.cluster) * a.window;  // the window's first channel
+  const int c0 = cw + col * 8;
+  const int64_t r0 = part * a.rows / a.per_sample, r1 = (part + 1) * a.rows / a.per_sample;
+  const int64_t base = n * a.rows * a.c + c0;
+  __shared__ float2 saved[kMaxGroupsPerWindow];  // the forward's (mean, rstd) of this sample's window groups
+  const int groups = a.window / a.cpg;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    const int at = n * a.groups + cw / a.cpg + g;
+    saved[g] = make_float2(__ldg(a.mean + at), __ldg(a.rstd + at));
+  }
+  uint4 wv = make_uint4(0, 0, 0, 0), bv = wv;
+  if (active) {
+    wv = __ldg(reinterpret_cast<const uint4*>(a.w + c0));
+    bv = __ldg(reinterpret_cast<const uint4*>(a.b + c0));
+  }
+  uint4 xv[R], gv[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int64_t r = r0 + rt + static_cast<int64_t>(i) * rt_count;
+    const bool in = active && r < r1;
+    xv[i] = in ? __ldcs(reinterpret_cast<const uint4*>(a.x + base + r * a.c)) : make_uint4(0, 0, 0, 0);
+    gv[i] = in ? __ldcs(reinterpret_cast<const uint4*>(a.dy + base + r * a.c)) : make_uint4(0, 0, 0, 0);
+  }
+  __syncthreads();  // saved
+  const __half* wh = reinterpret_cast<const __half*>(&wv);
+  const __half* bh = reinterpret_cast<const __half*>(&bv);
+  const float2* own = saved + (col * 8) / a.cpg;  // element e's group: own + (col * 8 % cpg + e) / cpg
+  const int lead = col * 8 % a.cpg;
+  // dz and xhat of element e of vector i (rows past the block's have dy = 0: they add nothing)
+  auto dz_xhat = [&](int i, int e, float& dz, float& xhat) {
+    const float xf = __half2float(reinterpret_cast<const __half*>(&xv[i])[e]);
+    const float df = __half2float(reinterpret_cast<const __half*>(&gv[i])[e]);
+    const float2 st = own[(lead + e) / a.cpg];
+    xhat = (xf - st.x) * st.y;
+    dz = a.silu ? silu_grad_of(df, fmaf(xhat, __half2float(wh[e]), __half2float(bh[e]))) : df;
+  };
+  float s1[8], s2[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s1[e] = s2[e] = 0.f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float dz, xhat;
+      dz_xhat(i, e, dz, xhat);
+      s1[e] += dz;
+      s2[e] = fmaf(dz, xhat, s2[e]);
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) colsum[rt * a.window + col * 8 + e] = make_float2(s1[e], s2[e]);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.window; i += blockDim.x) {  // over the row threads, in order
+    float2 acc = make_float2(0.f, 0.f);
+    for (int r = 0; r < rt_count; ++r) {
+      const float2 p = colsum[r * a.window + i];
+      acc.x += p.x;
+      acc.y += p.y;
+    }
+    chan[i] = acc;
+  }
+  cluster_arrive();  // every block's per-channel sums, released to the cluster
+  cluster_wait();
+  for (int i = threadIdx.x; i < a.window; i += blockDim.x) {
+    float2 t = make_float2(0.f, 0.f);
+    for (int q = n * a.per_sample; q < (n + 1) * a.per_sample; ++q) {
+      const float2 p = load_peer(&chan[i], static_cast<unsigned>(q));
+      t.x += p.x;
+      t.y += p.y;
+    }
+    const float wf = __half2float(a.w[cw + i]);
+    weighted[i] = make_float2(t.x * wf, t.y * wf);
+  }
+  if (rank == 0) {
+    for (int i = threadIdx.x; i < a.window; i += blockDim.x) {
+      float2 t = make_float2(0.f, 0.f);
+      for (int q = 0; q < a.cluster; ++q) {
+        const float2 p = load_peer(&chan[i], static_cast<unsigned>(q));
+        t.x += p.x;
+        t.y += p.y;
+      }
+      a.db[cw + i] = t.x;
+      a.dw[cw + i] = t.y;
+    }
+  }
+  cluster_arrive();  // this block has read the others' sums
+  __syncthreads();
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    float2 t = make_float2(0.f, 0.f);
+    for (int k = 0; k < a.cpg; ++k) {
+      t.x += weighted[g * a.cpg + k].x;
+      t.y += weighted[g * a.cpg + k].y;
+    }
+    const float count = static_cast<float>(a.rows) * static_cast<float>(a.cpg);
+    terms[g] = make_float2(t.x / count, t.y / count);
+  }
+  __syncthreads();
+  if (active) {
+    float ta[8], tb[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float2 t = terms[(col * 8 + e) / a.cpg];
+      ta[e] = t.x;
+      tb[e] = t.y;
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t r = r0 + rt + static_cast<int64_t>(i) * rt_count;
+      if (r < r1) {
+        uint4 o;
+        __half* oh = reinterpret_cast<__half*>(&o);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          float dz, xhat;
+          dz_xhat(i, e, dz, xhat);
+          const float g = dz * __half2float(wh[e]);
+          oh[e] = __float2half_rn(own[(lead + e) / a.cpg].y * (g - ta[e] - xhat * tb[e]));
+        }
+        __stcs(reinterpret_cast<uint4*>(a.dx + base + r * a.c), o);
+      }
+    }
+  }
+  cluster_wait();  // no block leaves while another may still read its sums
+}
+
 __global__ void chain_empty() {}
 
 template <typename... Args>
@@ -231,6 +404,44 @@ extern "C" int chain_launch(const void* x, void* y, const void* w, const void* b
     case 4: return launch(chain_gn<4>, grid, threads, cluster, smem, s, a);
     case 8: return launch(chain_gn<8>, grid, threads, cluster, smem, s, a);
     default: return launch(chain_gn<16>, grid, threads, cluster, smem, s, a);
+  }
+}
+
+// Vectors of x (and of dy) per thread a backward launch needs (0: more than chain_bwd is built for); -1 for a
+// bad geometry. `per_sample` blocks per sample, batch x per_sample per cluster.
+extern "C" int chain_bwd_vectors(long long batch, long long rows, int c, int cpg, int window, int per_sample,
+                                 int threads) {
+  if (window % 8 || window % cpg || c % window || window > kMaxWindow || window / cpg > kMaxGroupsPerWindow ||
+      threads % 32 || threads > 1024 || window / 8 > threads || per_sample < 1 || batch * per_sample > 16)
+    return -1;
+  const long long block_rows = (rows + per_sample - 1) / per_sample;
+  const long long per_pass = threads / (window / 8);
+  const long long r = (block_rows + per_pass - 1) / per_pass;
+  for (const int v : {1, 2, 3, 4, 6, 8})
+    if (r <= v) return threads <= max_threads_bwd(v) ? v : 0;
+  return 0;
+}
+
+extern "C" int chain_bwd_launch(const void* x, const void* dy, void* dx, const void* w, const void* b,
+                                const float* mean, const float* rstd, float* dw, float* db, long long batch,
+                                long long rows, int c, int cpg, int window, int per_sample, int threads, int silu,
+                                void* stream) {
+  const int vectors = chain_bwd_vectors(batch, rows, c, cpg, window, per_sample, threads);
+  if (vectors <= 0) return -1;
+  const int cluster = static_cast<int>(batch) * per_sample;
+  ChainBwdArgs a{static_cast<const __half*>(x), static_cast<const __half*>(dy), static_cast<__half*>(dx),
+                 static_cast<const __half*>(w), static_cast<const __half*>(b), mean, rstd, dw, db, rows, c, cpg,
+                 c / cpg, window, cluster, per_sample, silu};
+  const int grid = (c / window) * cluster;
+  const int smem = (threads / (window / 8)) * window * static_cast<int>(sizeof(float2));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (vectors) {
+    case 1: return launch(chain_bwd<1>, grid, threads, cluster, smem, s, a);
+    case 2: return launch(chain_bwd<2>, grid, threads, cluster, smem, s, a);
+    case 3: return launch(chain_bwd<3>, grid, threads, cluster, smem, s, a);
+    case 4: return launch(chain_bwd<4>, grid, threads, cluster, smem, s, a);
+    case 6: return launch(chain_bwd<6>, grid, threads, cluster, smem, s, a);
+    default: return launch(chain_bwd<8>, grid, threads, cluster, smem, s, a);
   }
 }
 
