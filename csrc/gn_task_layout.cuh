@@ -194,6 +194,34 @@ __device__ __forceinline__ void load_task_params(const GnArgs& a, int64_t task, 
   }
 }
 
+// A thread's share of a task's (weight, bias), loaded into registers early and stored into shared memory
+// later (GN_EXP_CLUSTER_EARLY): the window's elements threadIdx.x and threadIdx.x + kThreads, and any beyond
+// (a window wider than 2 * kThreads channels) when stored. What load_task_params stores.
+struct EarlyParams {
+  float2 v[2];
+  __device__ void load(const GnArgs& a, int64_t task) {
+    const int64_t c0 = task_c0(a, task);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      v[k] = i < a.window ? make_float2(load_param(a.weight, a.w_dtype, c0 + i, 1.f),
+                                        load_param(a.bias, a.w_dtype, c0 + i, 0.f))
+                          : make_float2(0.f, 0.f);
+    }
+  }
+  __device__ void store(const GnArgs& a, int64_t task, float2* param) const {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      if (i < a.window) param[i] = v[k];
+    }
+    const int64_t c0 = task_c0(a, task);
+    for (int i = threadIdx.x + 2 * kThreads; i < a.window; i += kThreads) {
+      param[i] = make_float2(load_param(a.weight, a.w_dtype, c0 + i, 1.f), load_param(a.bias, a.w_dtype, c0 + i, 0.f));
+    }
+  }
+};
+
 // The task's weight and bias lines into L2, ahead of load_task_params after the task's barrier (after the
 // benchmark's L2 flush, and in a model after other layers' traffic, they would come from DRAM there, on
 // the critical path). A hint: a few threads, no registers held.
