@@ -332,8 +332,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   trace_point(a, 1);
   if constexpr (!kClusterEarly) load_task_params(a, task, sm.param);  // (the barrier's release waits for them)
   cluster_barrier();
-  if constexpr (kClusterEarly) early.store(a, task, sm.param);
   trace_point(a, 2);
+  if constexpr (kClusterEarly) early.store(a, task, sm.param);
   const int64_t ng0 = task_group0(a, task);
   auto emit = [&](int gl, float mean, float rstd) {
     sm.grp[gl] = make_float2(mean, rstd);

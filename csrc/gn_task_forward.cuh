@@ -100,10 +100,11 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
         if (trace >= 0 && q == 0) trace_point(a, trace + 1);
         if (lane.active) accumulate_rows<T, V>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), shift, s1, s2);
         if (++in_tile == cpt) {
-          if constexpr (kLocalParts)
+          if constexpr (kLocalParts) {
             finish_tile<T, V>(a, lane, sm, s1, s2, local_parts + (tile - t0), local_stride);
-          else
+          } else {
             finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);
+          }
           if (trace >= 0 && tile == t0) trace_point(a, trace + 2);
           in_tile = 0;
           ++tile;

@@ -5,7 +5,7 @@
 #          backward, on the small shapes beside ours (default build), about 3 minutes;
 #   bits   bits_digest.py with the default build and with both experiments: the same lines, or it says DIFFER;
 #   tests  tests/gpu/test_cluster_teams.py and test_task_sync.py under each experiment build (the cluster
-#          kernel's bits against the cooperative teams');
+#          kernel's bits against the cooperative teams'), and the DSMEM build with a planted bug (must fail);
 #   time   the shapes whose forward runs as clusters, every variant in alternating rounds.
 # Variants: default; dsmem = -DGN_EXP_CLUSTER_DSMEM=1 (the members' tile partials over distributed shared memory
 # instead of the workspace); early = -DGN_EXP_CLUSTER_EARLY=1 (weight, bias and the combine's shifts loaded
@@ -66,6 +66,16 @@ if [[ $parts == *" tests "* ]]; then
       tests/gpu/test_task_sync.py >"$out/tests_$v.log" 2>&1 || status=1
     tail -n 2 "$out/tests_$v.log" >>"$out/summary.txt"
   done
+  step "cluster tests, dsmem with plant_bug.py cluster-dsmem-owner (must fail)"
+  planted=$(python3 scripts/plant_bug.py cluster-dsmem-owner)
+  if GN_CSRC_DIR="$planted" GN_NVCC_FLAGS="${FLAGS[dsmem]}" timeout 200 python3 -m pytest -q -p xdist -n 8 \
+    tests/gpu/test_cluster_teams.py >"$out/tests_dsmem_planted.log" 2>&1; then
+    echo "planted cluster-dsmem-owner: NOT caught" >>"$out/summary.txt"
+    status=1
+  else
+    echo "planted cluster-dsmem-owner: caught ($(tail -n 1 "$out/tests_dsmem_planted.log"))" >>"$out/summary.txt"
+  fi
+  rm -rf "$(dirname "$planted")"
 fi
 
 if [[ $parts == *" time "* ]]; then
