@@ -193,6 +193,8 @@ __device__ __forceinline__ float2* cluster_local_partials(const GnArgs& a) {
 // offset in every member: cluster_local_partials): tile t's comes from its member's over DSMEM. The same
 // lanes, the same order and the same fold as group_stats: the same bits. After the cluster barrier.
 // kEarlyShift: the first pass's shift is `first_shift` (cluster_first_shift's, loaded before the barrier).
+// Its fold and emit repeat group_stats' on purpose: a shared helper changed the default kernels' code
+// (sm_90 PTX), which must stay as measured while this is an experiment; share it if the experiment lands.
 // The shift of the group this thread combines in cluster_group_stats' first pass (0 if none), loaded early
 // (GN_EXP_CLUSTER_EARLY): x's first element of the group.
 template <typename T>

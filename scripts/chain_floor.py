@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -139,17 +140,39 @@ def sweep(
     return results, min(good, key=lambda r: r["us"]) if good else None
 
 
+@dataclass(frozen=True)
+class Problem:
+    """One shape's geometry and fresh fp16 inputs: x (channels_last), weight around 1, bias around 0."""
+
+    n: int
+    c: int
+    rows: int  # H x W (x D)
+    groups: int
+    act: str | None
+    x: torch.Tensor
+    w: torch.Tensor
+    b: torch.Tensor
+
+    @property
+    def cpg(self) -> int:
+        return self.c // self.groups
+
+    @staticmethod
+    def of(spec: str, dev: torch.device) -> Problem:
+        shape, groups, act = parse(spec)
+        c = shape[1]
+        x = torch.randn(shape, device=dev, dtype=torch.float16).to(memory_format=torch.channels_last)
+        w = (1 + 0.5 * torch.randn(c, device=dev)).half()
+        b = (0.5 * torch.randn(c, device=dev)).half()
+        return Problem(shape[0], c, math.prod(shape[2:]), groups, act, x, w, b)
+
+
 def forward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
     """Every forward geometry of one shape; the best beside ours, the copy floor, the empty launch, and the
     best again exchanging its sums through global memory (as gn_module's cluster teams do)."""
-    shape, groups, act = parse(spec)
+    p = Problem.of(spec, timer.device)
+    n, c, rows, cpg, groups, act, x, w, b = p.n, p.c, p.rows, p.cpg, p.groups, p.act, p.x, p.w, p.b
     dev = timer.device
-    n, c = shape[0], shape[1]
-    rows = math.prod(shape[2:])
-    cpg = c // groups
-    x = torch.randn(shape, device=dev, dtype=torch.float16).to(memory_format=torch.channels_last)
-    w = (1 + 0.5 * torch.randn(c, device=dev)).half()
-    b = (0.5 * torch.randn(c, device=dev)).half()
     y = torch.empty_like(x)
     ref = reference(x, groups, w, b, act)
     head = (x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), n, rows, c, cpg)
@@ -202,14 +225,9 @@ def forward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
 def backward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
     """Every backward geometry of one shape; the best beside ours (the benchmark's autograd.grad on a graph
     built once), the copy floor and the empty launch."""
-    shape, groups, act = parse(spec)
+    p = Problem.of(spec, timer.device)
+    n, c, rows, cpg, groups, act, x, w, b = p.n, p.c, p.rows, p.cpg, p.groups, p.act, p.x, p.w, p.b
     dev = timer.device
-    n, c = shape[0], shape[1]
-    rows = math.prod(shape[2:])
-    cpg = c // groups
-    x = torch.randn(shape, device=dev, dtype=torch.float16).to(memory_format=torch.channels_last)
-    w = (1 + 0.5 * torch.randn(c, device=dev)).half()
-    b = (0.5 * torch.randn(c, device=dev)).half()
     dy = torch.randn_like(x)
     dx = torch.empty_like(x)
     dw = torch.empty(c, device=dev)
