@@ -1,12 +1,14 @@
 """The small shapes' chain floor (GPU): how fast can any kernel read x, reduce each group, and write y?
 
-    python scripts/chain_floor.py [--shapes 2x1280x16x16:silu,...] [--directions fwd,bwd] [--json PATH]
+    python scripts/chain_floor.py [--shapes 2x1280x16x16:silu,...] [--directions fwd,bwd] [--dtypes fp16,bf16]
+        [--json PATH]
 
 Builds benchmarks/micro/chain_floor.cu with nvcc (this GPU's arch, sm_90 or newer: it uses thread-block
-clusters) and times its GroupNorm forward with the benchmark's timer (CUDA events, L2 flushed, a GPU spin
-ahead, median) over a grid of geometries per shape: task windows W (whole groups, 16-byte vectors), cluster
-sizes K (blocks per task; 1 = a block per task, no wait at all) and block sizes. Every geometry is first run
-once with y poisoned (NaN) and checked against an fp64 GroupNorm, so no geometry that skips work is timed.
+clusters) and times its GroupNorm (fp16 or bf16) forward with the benchmark's timer (CUDA events, L2
+flushed, a GPU spin ahead, median) over a grid of geometries per shape: task windows W (whole groups, 16-byte
+vectors), cluster sizes K (blocks per task; 1 = a block per task, no wait at all) and block sizes. Every
+geometry is first run once with y poisoned (NaN) and checked against an fp64 GroupNorm, so no geometry that
+skips work is timed.
 
 Beside the best geometry, in the same run: `ours auto` (gn_module.group_norm, the benchmark's calls), the copy
 floor (bench.floor's launches moving the same bytes: `y.copy_(x)` or `torch.neg(x, out=y)`, the backward
@@ -42,6 +44,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from time_shapes import parse
 
 SOURCE = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "micro", "chain_floor.cu")
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_SHAPES = "2x1280x16x16:silu,2x640x32x32:silu,2x320x64x64:silu,1x512x128x128:silu"
 CLUSTERS = (1, 2, 4, 8, 16)
 THREADS = (128, 256, 512, 1024)
@@ -65,14 +68,16 @@ def build(workdir: str) -> ctypes.CDLL:
     if spills:
         print("WARNING: ptxas spills:", *spills, sep="\n  ")
     cdll = ctypes.CDLL(lib)
-    cdll.chain_vectors.argtypes = [ctypes.c_longlong] + [ctypes.c_int] * 5
-    # (x, y, w, b, batch, rows, C, cpg, window, cluster, threads, silu, eps, exchange, stream)
+    cdll.chain_vectors.argtypes = [ctypes.c_longlong] + [ctypes.c_int] * 6
+    # (x, y, w, b, batch, rows, C, cpg, window, cluster, threads, silu, eps, exchange, bf16, stream)
     pointers, longs, ints = [ctypes.c_void_p] * 4, [ctypes.c_longlong] * 2, [ctypes.c_int] * 6
-    cdll.chain_launch.argtypes = pointers + longs + ints + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p]
+    tail = [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    cdll.chain_launch.argtypes = pointers + longs + ints + tail
     cdll.chain_empty_launch.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p]
-    cdll.chain_bwd_vectors.argtypes = [ctypes.c_longlong] * 2 + [ctypes.c_int] * 5
-    # (x, dy, dx, w, b, mean, rstd, dw, db, batch, rows, C, cpg, window, per_sample, threads, silu, stream)
-    cdll.chain_bwd_launch.argtypes = [ctypes.c_void_p] * 9 + longs + [ctypes.c_int] * 6 + [ctypes.c_void_p]
+    cdll.chain_bwd_vectors.argtypes = [ctypes.c_longlong] * 2 + [ctypes.c_int] * 6
+    # (x, dy, dx, w, b, mean, rstd, dw, db, batch, rows, C, cpg, window, per_sample, threads, silu, bf16,
+    # stream)
+    cdll.chain_bwd_launch.argtypes = [ctypes.c_void_p] * 9 + longs + [ctypes.c_int] * 7 + [ctypes.c_void_p]
     return cdll
 
 
@@ -142,7 +147,7 @@ def sweep(
 
 @dataclass(frozen=True)
 class Problem:
-    """One shape's geometry and fresh fp16 inputs: x (channels_last), weight around 1, bias around 0."""
+    """One shape's geometry and fresh 16-bit inputs: x (channels_last), weight around 1, bias around 0."""
 
     n: int
     c: int
@@ -157,20 +162,25 @@ class Problem:
     def cpg(self) -> int:
         return self.c // self.groups
 
+    @property
+    def bf16(self) -> int:
+        return int(self.x.dtype == torch.bfloat16)
+
     @staticmethod
-    def of(spec: str, dev: torch.device) -> Problem:
+    def of(spec: str, dtype: str, dev: torch.device) -> Problem:
         shape, groups, act = parse(spec)
         c = shape[1]
-        x = torch.randn(shape, device=dev, dtype=torch.float16).to(memory_format=torch.channels_last)
-        w = (1 + 0.5 * torch.randn(c, device=dev)).half()
-        b = (0.5 * torch.randn(c, device=dev)).half()
+        dt = DTYPES[dtype]
+        x = torch.randn(shape, device=dev, dtype=dt).to(memory_format=torch.channels_last)
+        w = (1 + 0.5 * torch.randn(c, device=dev)).to(dt)
+        b = (0.5 * torch.randn(c, device=dev)).to(dt)
         return Problem(shape[0], c, math.prod(shape[2:]), groups, act, x, w, b)
 
 
-def forward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
+def forward_row(lib: ctypes.CDLL, spec: str, dtype: str, timer: EventTimer) -> dict | None:
     """Every forward geometry of one shape; the best beside ours, the copy floor, the empty launch, and the
     best again exchanging its sums through global memory (as gn_module's cluster teams do)."""
-    p = Problem.of(spec, timer.device)
+    p = Problem.of(spec, dtype, timer.device)
     n, c, rows, cpg, groups, act, x, w, b = p.n, p.c, p.rows, p.cpg, p.groups, p.act, p.x, p.w, p.b
     dev = timer.device
     y = torch.empty_like(x)
@@ -179,17 +189,19 @@ def forward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
     silu = int(act == "silu")
 
     def launch(window: int, cluster: int, threads: int, exchange: int | None = None) -> None:
-        checked(lib.chain_launch(*head, window, cluster, threads, silu, EPS, exchange, current_stream()))
+        checked(
+            lib.chain_launch(*head, window, cluster, threads, silu, EPS, exchange, p.bf16, current_stream())
+        )
 
     geometries = [
         {"window": wc, "cluster": k, "threads": t}
         for wc in windows(c, cpg)
         for k in CLUSTERS
         for t in THREADS
-        if lib.chain_vectors(rows, c, cpg, wc, k, t) > 0
+        if lib.chain_vectors(rows, c, cpg, wc, k, t, p.bf16) > 0
     ]
     results, best = sweep(
-        f"{spec} fwd", geometries, launch, lambda: excess(y, ref), lambda: y.fill_(math.nan), timer
+        f"{spec} {dtype} fwd", geometries, launch, lambda: excess(y, ref), lambda: y.fill_(math.nan), timer
     )
     if best is None:
         return None
@@ -209,6 +221,7 @@ def forward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
     empty = lambda: checked(lib.chain_empty_launch(grid, best["threads"], best["cluster"], current_stream()))  # noqa: E731
     row = {
         "shape": spec,
+        "dtype": dtype,
         "direction": "fwd",
         "best": {**best, "grid": grid},
         "ours_us": round(timed(ours, timer), 2),
@@ -222,10 +235,10 @@ def forward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
     return row
 
 
-def backward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
+def backward_row(lib: ctypes.CDLL, spec: str, dtype: str, timer: EventTimer) -> dict | None:
     """Every backward geometry of one shape; the best beside ours (the benchmark's autograd.grad on a graph
     built once), the copy floor and the empty launch."""
-    p = Problem.of(spec, timer.device)
+    p = Problem.of(spec, dtype, timer.device)
     n, c, rows, cpg, groups, act, x, w, b = p.n, p.c, p.rows, p.cpg, p.groups, p.act, p.x, p.w, p.b
     dev = timer.device
     dy = torch.randn_like(x)
@@ -243,7 +256,7 @@ def backward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
     silu = int(act == "silu")
 
     def launch(window: int, per_sample: int, threads: int) -> None:
-        checked(lib.chain_bwd_launch(*head, window, per_sample, threads, silu, current_stream()))
+        checked(lib.chain_bwd_launch(*head, window, per_sample, threads, silu, p.bf16, current_stream()))
 
     def error() -> float:  # dweight and dbias: sums of many terms, against their own scale
         scale = [1.0, ref[1].abs().max().item(), ref[2].abs().max().item()]
@@ -258,9 +271,9 @@ def backward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
         for wc in windows(c, cpg)
         for k in CLUSTERS
         for t in THREADS
-        if lib.chain_bwd_vectors(n, rows, c, cpg, wc, k, t) > 0
+        if lib.chain_bwd_vectors(n, rows, c, cpg, wc, k, t, p.bf16) > 0
     ]
-    results, best = sweep(f"{spec} bwd", geometries, launch, error, poison, timer)
+    results, best = sweep(f"{spec} {dtype} bwd", geometries, launch, error, poison, timer)
     if best is None:
         return None
     cluster = n * best["per_sample"]
@@ -271,6 +284,7 @@ def backward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
     empty = lambda: checked(lib.chain_empty_launch(grid, best["threads"], cluster, current_stream()))  # noqa: E731
     row = {
         "shape": spec,
+        "dtype": dtype,
         "direction": "bwd",
         "best": {**best, "cluster": cluster, "grid": grid},
         "ours_us": round(timed(ours, timer), 2),
@@ -285,8 +299,9 @@ def backward_row(lib: ctypes.CDLL, spec: str, timer: EventTimer) -> dict | None:
 def report(row: dict, extra: str = "") -> None:
     best = row["best"]
     print(
-        f"== {row['shape']} {row['direction']}: chain floor {best['us']:.2f} us (W={best['window']} "
-        f"K={best['cluster']} T={best['threads']}, grid {best['grid']}); ours auto {row['ours_us']:.2f}; "
+        f"== {row['shape']} {row['dtype']} {row['direction']}: chain floor {best['us']:.2f} us "
+        f"(W={best['window']} K={best['cluster']} T={best['threads']}, grid {best['grid']}); "
+        f"ours auto {row['ours_us']:.2f}; "
         f"copy floor {row['copy_floor_us']:.2f}; empty launch of that grid "
         f"{row['empty_launch_us']:.2f}{extra}",
         flush=True,
@@ -297,6 +312,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--directions", default="fwd,bwd")
+    ap.add_argument("--dtypes", default="fp16", help="fp16 and/or bf16")
     ap.add_argument("--json")
     args = ap.parse_args()
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
@@ -308,7 +324,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         for direction in args.directions.split(","):
-            rows += [measure[direction](lib, spec, timer) for spec in args.shapes.split(",")]
+            for dtype in args.dtypes.split(","):
+                rows += [measure[direction](lib, spec, dtype, timer) for spec in args.shapes.split(",")]
     if args.json:
         with open(args.json, "w") as fh:
             out = {"device": torch.cuda.get_device_name(), "rows": [r for r in rows if r is not None]}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The small shapes' chain floors and the cluster forward's experiments in one or two GPU calls: builds the
-# default kernels and the experiments' variants, then (DSMEM_PARTS, default all, about 9 minutes on an H100):
+# default kernels and the experiments' variants, then (DSMEM_PARTS, default all, about 11 minutes on an H100: two calls):
 #   floor  scripts/chain_floor.py: the floors of a read -> cluster reduction -> write GroupNorm, forward and
-#          backward, on the small shapes beside ours (default build), about 3 minutes;
+#          backward, fp16 and bf16, on the small shapes beside ours (default build), about 5 minutes;
 #   bits   bits_digest.py with the default build and with both experiments: the same lines, or it says DIFFER;
 #   tests  tests/gpu/test_cluster_teams.py and test_task_sync.py under each experiment build (the cluster
 #          kernel's bits against the cooperative teams'), and the DSMEM build with a planted bug (must fail);
@@ -38,7 +38,7 @@ builds_done $variants
 
 if [[ $parts == *" floor "* ]]; then
   step "chain floors (default build for ours)"
-  timeout 330 python3 scripts/chain_floor.py --json "$out/chain_floor.json" >"$out/chain_floor.log" 2>&1 || status=1
+  timeout 420 python3 scripts/chain_floor.py --dtypes fp16,bf16 --json "$out/chain_floor.json" >"$out/chain_floor.log" 2>&1 || status=1
   grep -E "^==|WRONG|WARNING|rror" "$out/chain_floor.log" >>"$out/summary.txt"
 fi
 

@@ -45,19 +45,27 @@ def test_micro_builds_for_sm90_without_spills(tmp_path: Path) -> None:
 
 
 def test_chain_floor_builds_and_sizes_its_geometries(tmp_path: Path) -> None:
-    """The chain floor's kernels build without spills, and its host-side geometry rule (no GPU needed) gives
-    each block's rows to its threads in as few 16-byte vectors as its registers allow, or refuses."""
+    """The chain floor's kernels (fp16 and bf16) build without spills, and its host-side geometry rule (no GPU
+    needed) gives each block's rows to its threads in as few 16-byte vectors as its registers allow, or
+    refuses."""
     lib_path = tmp_path / "libchain_floor.so"
     report = build_sm90(CHAIN, lib_path, "-shared", "-Xcompiler", "-fPIC")
-    assert report.count("chain_gn") >= 5 and report.count("chain_bwd") >= 6  # one kernel per vector count
+    for dtype in ("6__half", "13__nv_bfloat16"):  # one kernel per vector count and dtype
+        assert report.count(f"chain_gnI{dtype}") >= 5 and report.count(f"chain_bwdI{dtype}") >= 6, dtype
     lib = ctypes.CDLL(str(lib_path))
-    lib.chain_vectors.argtypes = [ctypes.c_longlong] + [ctypes.c_int] * 5
-    vectors = lib.chain_vectors  # (rows, C, channels per group, window, cluster, threads)
+    lib.chain_vectors.argtypes = [ctypes.c_longlong] + [ctypes.c_int] * 6
+
+    def vectors(
+        *geometry: int, bf16: int = 0
+    ) -> int:  # (rows, C, channels per group, window, cluster, threads)
+        return lib.chain_vectors(*geometry, bf16)
+
     # 2x1280x16x16 G32: 256 rows, 40-channel windows (5 vectors a row) over 2 blocks of 160 threads
     assert vectors(256, 1280, 40, 40, 2, 160) == 4  # 128 rows, 32 at a time
     assert vectors(256, 1280, 40, 40, 2, 640) == 1
     # 1x512x128x128 G32: 16384 rows, 32-channel windows (4 vectors a row) in clusters of 16: 1024 rows a block
     assert vectors(16384, 512, 16, 32, 16, 1024) == 4  # 256 rows at a time
+    assert vectors(16384, 512, 16, 32, 16, 1024, bf16=1) == 0  # bf16: 4 vectors only in 512 threads
     assert vectors(16384, 512, 16, 32, 16, 256) == 16  # 64 at a time
     assert vectors(16384, 512, 16, 32, 16, 512) == 8
     assert vectors(16384, 512, 16, 32, 8, 512) == 0  # 16 vectors: not in 512 threads' registers
@@ -74,9 +82,15 @@ def test_chain_floor_builds_and_sizes_its_geometries(tmp_path: Path) -> None:
     ]:
         assert vectors(*bad) == -1, bad
     # the backward: a cluster holds every sample of its window (batch x blocks per sample <= 16)
-    lib.chain_bwd_vectors.argtypes = [ctypes.c_longlong] * 2 + [ctypes.c_int] * 5
-    bwd = lib.chain_bwd_vectors  # (batch, rows, C, channels per group, window, blocks per sample, threads)
+    lib.chain_bwd_vectors.argtypes = [ctypes.c_longlong] * 2 + [ctypes.c_int] * 6
+
+    def bwd(
+        *geometry: int, bf16: int = 0
+    ) -> int:  # (batch, rows, C, cpg, window, blocks per sample, threads)
+        return lib.chain_bwd_vectors(*geometry, bf16)
+
     assert bwd(2, 4096, 320, 10, 40, 8, 512) == 6  # 2x320x64x64: 512 rows a block, 102 at a time
+    assert bwd(2, 4096, 320, 10, 40, 8, 512, bf16=1) == 0  # bf16: 6 vectors only in 256 threads
     assert bwd(2, 4096, 320, 10, 40, 8, 1024) == 0  # 3 vectors of x and dy: not in 1024 threads' registers
     assert bwd(2, 4096, 320, 10, 40, 16, 512) == -1  # 2 x 16 blocks: more than a cluster
     assert bwd(1, 16384, 512, 16, 32, 16, 256) == 0  # 1024 rows, 64 at a time: 16 vectors, more than it holds

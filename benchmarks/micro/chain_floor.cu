@@ -1,29 +1,55 @@
-// The floor of a GroupNorm-shaped launch on small tensors, forward and backward (scripts/chain_floor.py builds
-// and times it).
+// The floor of a GroupNorm-shaped launch on small tensors, forward and backward, fp16 or bf16
+// (scripts/chain_floor.py builds and times it).
 //
 // A real fp16 channels_last GroupNorm forward (+ SiLU), stripped to the chain every GroupNorm must run: read x,
 // reduce each group, wait for the other blocks of the group, write y. It is a measurement, not a product path:
-// no shift for the variance, no bitwise match with gn_module's kernels, fp16 only.
+// no shift for the variance, no bitwise match with gn_module's kernels, 16-bit tensors only.
 //
 // A task is one sample and a window of W channels (whole groups, 16-byte vectors); K blocks, one thread-block
 // cluster, split its rows. Each thread holds its rows in registers from one batch of loads; a block folds its
 // per-channel sums into per-group sums in shared memory; the cluster meets at its hardware barrier and every
 // block reads the K blocks' group sums over distributed shared memory (DSMEM), in rank order; then it writes y
 // from its registers. Nothing goes through global memory but x, the parameters and y.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace {
 
 constexpr int kMaxGroupsPerWindow = 64;
 
+// 16-bit elements (__half or __nv_bfloat16) to and from float
+__device__ __forceinline__ float to_f(__half h) { return __half2float(h); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 h) { return __bfloat162float(h); }
+template <typename T>
+__device__ __forceinline__ T from_f(float f);
+template <>
+__device__ __forceinline__ __half from_f<__half>(float f) { return __float2half_rn(f); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
+// element e of a 16-byte vector of T
+template <typename T>
+__device__ __forceinline__ float elem(const uint4& v, int e) { return to_f(reinterpret_cast<const T*>(&v)[e]); }
+// elements 2j and 2j + 1 of a 16-byte vector of T, and back (pairs convert in fewer instructions and registers)
+template <typename T>
+__device__ __forceinline__ float2 pair(const uint4& v, int j) {
+  if constexpr (std::is_same_v<T, __half>) return __half22float2(reinterpret_cast<const __half2*>(&v)[j]);
+  else return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(&v)[j]);
+}
+template <typename T>
+__device__ __forceinline__ void set_pair(uint4& v, int j, float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) reinterpret_cast<__half2*>(&v)[j] = __floats2half2_rn(lo, hi);
+  else reinterpret_cast<__nv_bfloat162*>(&v)[j] = __floats2bfloat162_rn(lo, hi);
+}
+
 struct ChainArgs {
-  const __half* x;
-  __half* y;
-  const __half* w;
-  const __half* b;
+  const void* x;  // T (fp16 or bf16), as y, w and b
+  void* y;
+  const void* w;
+  const void* b;
   int64_t rows;  // rows per sample (H x W)
   int c, cpg, window, cluster;
   int silu;
@@ -51,12 +77,19 @@ __device__ __forceinline__ float2 load_peer(const float2* p, unsigned rank) {
   return v;
 }
 
-// Most threads a block of R vectors per thread may have: the registers of 1024 threads hold 4 vectors each
-// without spilling (sm_90, 64 registers), 512 threads 8, 256 threads 16.
-constexpr int max_threads(int vectors) { return vectors <= 4 ? 1024 : 4096 / vectors; }
+// Most threads a block of R vectors per thread may have without spilling (sm_90): in fp16 the registers of
+// 1024 threads hold 4 vectors each (64 registers), 512 threads 8, 256 threads 16; bf16's conversions take
+// more, so it halves the block from 4 vectors on.
+constexpr int max_threads(int vectors, bool bf16) {
+  return vectors <= (bf16 ? 2 : 4) ? 1024 : (bf16 ? 2048 : 4096) / vectors;
+}
 
-template <int R>  // 16-byte vectors per thread
-__global__ void __launch_bounds__(max_threads(R), 1) chain_gn(ChainArgs a) {
+template <typename T, int R>  // 16-byte vectors per thread
+__global__ void __launch_bounds__(max_threads(R, std::is_same_v<T, __nv_bfloat16>), 1) chain_gn(ChainArgs a) {
+  const T* x = static_cast<const T*>(a.x);
+  const T* w = static_cast<const T*>(a.w);
+  const T* b = static_cast<const T*>(a.b);
+  T* y = static_cast<T*>(a.y);
   extern __shared__ float2 colsum[];  // [row thread][window channel]
   __shared__ float2 block_sums[kMaxGroupsPerWindow];
   __shared__ float2 stats[kMaxGroupsPerWindow];
@@ -72,24 +105,23 @@ __global__ void __launch_bounds__(max_threads(R), 1) chain_gn(ChainArgs a) {
   // the parameters first: their loads must not wait behind x's
   uint4 wv = make_uint4(0, 0, 0, 0), bv = wv;
   if (active) {
-    wv = __ldg(reinterpret_cast<const uint4*>(a.w + c0));
-    bv = __ldg(reinterpret_cast<const uint4*>(a.b + c0));
+    wv = __ldg(reinterpret_cast<const uint4*>(w + c0));
+    bv = __ldg(reinterpret_cast<const uint4*>(b + c0));
   }
   uint4 v[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const int64_t r = r0 + rt + static_cast<int64_t>(i) * rt_count;
-    v[i] = active && r < r1 ? __ldcs(reinterpret_cast<const uint4*>(a.x + base + r * a.c)) : make_uint4(0, 0, 0, 0);
+    v[i] = active && r < r1 ? __ldcs(reinterpret_cast<const uint4*>(x + base + r * a.c)) : make_uint4(0, 0, 0, 0);
   }
   float s1[8], s2[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) s1[e] = s2[e] = 0.f;
 #pragma unroll
   for (int i = 0; i < R; ++i) {  // (rows past the block's are zeros: they add nothing)
-    const __half2* h = reinterpret_cast<const __half2*>(&v[i]);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float2 f = __half22float2(h[j]);
+      const float2 f = pair<T>(v[i], j);
       s1[2 * j] += f.x;
       s2[2 * j] = fmaf(f.x, f.x, s2[2 * j]);
       s1[2 * j + 1] += f.y;
@@ -141,32 +173,28 @@ __global__ void __launch_bounds__(max_threads(R), 1) chain_gn(ChainArgs a) {
   __syncthreads();
   if (active) {
     float scale[8], shift[8];
-    const __half* wh = reinterpret_cast<const __half*>(&wv);
-    const __half* bh = reinterpret_cast<const __half*>(&bv);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const float2 st = stats[(col * 8 + e) / a.cpg];
-      scale[e] = st.y * __half2float(wh[e]);
-      shift[e] = fmaf(-st.x, scale[e], __half2float(bh[e]));
+      scale[e] = st.y * elem<T>(wv, e);
+      shift[e] = fmaf(-st.x, scale[e], elem<T>(bv, e));
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int64_t r = r0 + rt + static_cast<int64_t>(i) * rt_count;
       if (r < r1) {
-        const __half2* h = reinterpret_cast<const __half2*>(&v[i]);
         uint4 o;
-        __half2* oh = reinterpret_cast<__half2*>(&o);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float2 f = __half22float2(h[j]);
+          const float2 f = pair<T>(v[i], j);
           float z0 = fmaf(f.x, scale[2 * j], shift[2 * j]), z1 = fmaf(f.y, scale[2 * j + 1], shift[2 * j + 1]);
           if (a.silu) {
             z0 = __fdividef(z0, 1.f + __expf(-z0));
             z1 = __fdividef(z1, 1.f + __expf(-z1));
           }
-          oh[j] = __floats2half2_rn(z0, z1);
+          set_pair<T>(o, j, z0, z1);
         }
-        __stcs(reinterpret_cast<uint4*>(a.y + base + r * a.c), o);
+        __stcs(reinterpret_cast<uint4*>(y + base + r * a.c), o);
       }
     }
   }
@@ -185,11 +213,11 @@ __global__ void __launch_bounds__(max_threads(R), 1) chain_gn(ChainArgs a) {
 constexpr int kMaxWindow = 512;
 
 struct ChainBwdArgs {
-  const __half* x;
-  const __half* dy;
-  __half* dx;
-  const __half* w;
-  const __half* b;
+  const void* x;  // T (fp16 or bf16), as dy, dx, w and b
+  const void* dy;
+  void* dx;
+  const void* w;
+  const void* b;
   const float* mean;  // [batch, groups]
   const float* rstd;
   float* dw;  // [C]
@@ -200,15 +228,22 @@ struct ChainBwdArgs {
 };
 
 // Most threads of a backward block of R vectors of x (and R of dy) per thread, without spills (sm_90).
-constexpr int max_threads_bwd(int vectors) { return vectors <= 1 ? 1024 : vectors <= 6 ? 512 : 256; }
+constexpr int max_threads_bwd(int vectors, bool bf16) {
+  return vectors <= 1 ? 1024 : vectors <= (bf16 ? 4 : 6) ? 512 : 256;
+}
 
 __device__ __forceinline__ float silu_grad_of(float dy, float z) {
   const float s = __fdividef(1.f, 1.f + __expf(-z));
   return dy * s * fmaf(z, 1.f - s, 1.f);
 }
 
-template <int R>
-__global__ void __launch_bounds__(max_threads_bwd(R), 1) chain_bwd(ChainBwdArgs a) {
+template <typename T, int R>
+__global__ void __launch_bounds__(max_threads_bwd(R, std::is_same_v<T, __nv_bfloat16>), 1) chain_bwd(ChainBwdArgs a) {
+  const T* x = static_cast<const T*>(a.x);
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* w = static_cast<const T*>(a.w);
+  const T* b = static_cast<const T*>(a.b);
+  T* dx = static_cast<T*>(a.dx);
   extern __shared__ float2 colsum[];  // [row thread][window channel]
   __shared__ float2 chan[kMaxWindow];  // this block's per-channel (sum dz, sum dz xhat)
   __shared__ float2 weighted[kMaxWindow];  // this sample's, times w
@@ -230,29 +265,27 @@ __global__ void __launch_bounds__(max_threads_bwd(R), 1) chain_bwd(ChainBwdArgs 
   }
   uint4 wv = make_uint4(0, 0, 0, 0), bv = wv;
   if (active) {
-    wv = __ldg(reinterpret_cast<const uint4*>(a.w + c0));
-    bv = __ldg(reinterpret_cast<const uint4*>(a.b + c0));
+    wv = __ldg(reinterpret_cast<const uint4*>(w + c0));
+    bv = __ldg(reinterpret_cast<const uint4*>(b + c0));
   }
   uint4 xv[R], gv[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const int64_t r = r0 + rt + static_cast<int64_t>(i) * rt_count;
     const bool in = active && r < r1;
-    xv[i] = in ? __ldcs(reinterpret_cast<const uint4*>(a.x + base + r * a.c)) : make_uint4(0, 0, 0, 0);
-    gv[i] = in ? __ldcs(reinterpret_cast<const uint4*>(a.dy + base + r * a.c)) : make_uint4(0, 0, 0, 0);
+    xv[i] = in ? __ldcs(reinterpret_cast<const uint4*>(x + base + r * a.c)) : make_uint4(0, 0, 0, 0);
+    gv[i] = in ? __ldcs(reinterpret_cast<const uint4*>(dy + base + r * a.c)) : make_uint4(0, 0, 0, 0);
   }
   __syncthreads();  // saved
-  const __half* wh = reinterpret_cast<const __half*>(&wv);
-  const __half* bh = reinterpret_cast<const __half*>(&bv);
   const float2* own = saved + (col * 8) / a.cpg;  // element e's group: own + (col * 8 % cpg + e) / cpg
   const int lead = col * 8 % a.cpg;
   // dz and xhat of element e of vector i (rows past the block's have dy = 0: they add nothing)
   auto dz_xhat = [&](int i, int e, float& dz, float& xhat) {
-    const float xf = __half2float(reinterpret_cast<const __half*>(&xv[i])[e]);
-    const float df = __half2float(reinterpret_cast<const __half*>(&gv[i])[e]);
+    const float xf = elem<T>(xv[i], e);
+    const float df = elem<T>(gv[i], e);
     const float2 st = own[(lead + e) / a.cpg];
     xhat = (xf - st.x) * st.y;
-    dz = a.silu ? silu_grad_of(df, fmaf(xhat, __half2float(wh[e]), __half2float(bh[e]))) : df;
+    dz = a.silu ? silu_grad_of(df, fmaf(xhat, elem<T>(wv, e), elem<T>(bv, e))) : df;
   };
   float s1[8], s2[8];
 #pragma unroll
@@ -290,7 +323,7 @@ __global__ void __launch_bounds__(max_threads_bwd(R), 1) chain_bwd(ChainBwdArgs 
       t.x += p.x;
       t.y += p.y;
     }
-    const float wf = __half2float(a.w[cw + i]);
+    const float wf = to_f(w[cw + i]);
     weighted[i] = make_float2(t.x * wf, t.y * wf);
   }
   if (rank == 0) {
@@ -330,15 +363,15 @@ __global__ void __launch_bounds__(max_threads_bwd(R), 1) chain_bwd(ChainBwdArgs 
       const int64_t r = r0 + rt + static_cast<int64_t>(i) * rt_count;
       if (r < r1) {
         uint4 o;
-        __half* oh = reinterpret_cast<__half*>(&o);
+        T* oh = reinterpret_cast<T*>(&o);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           float dz, xhat;
           dz_xhat(i, e, dz, xhat);
-          const float g = dz * __half2float(wh[e]);
-          oh[e] = __float2half_rn(own[(lead + e) / a.cpg].y * (g - ta[e] - xhat * tb[e]));
+          const float g = dz * elem<T>(wv, e);
+          oh[e] = from_f<T>(own[(lead + e) / a.cpg].y * (g - ta[e] - xhat * tb[e]));
         }
-        __stcs(reinterpret_cast<uint4*>(a.dx + base + r * a.c), o);
+        __stcs(reinterpret_cast<uint4*>(dx + base + r * a.c), o);
       }
     }
   }
@@ -370,10 +403,19 @@ int launch(void (*kernel)(Args...), int grid, int threads, int cluster, int smem
   return static_cast<int>(err != cudaSuccess ? err : cudaGetLastError());
 }
 
+// f(std::integral_constant<int, V>{}) for the built vector count V == vectors (one of Vs); -1 for none.
+template <int... Vs, typename F>
+int with_vectors(int vectors, F&& f) {
+  int rc = -1;
+  (void)((vectors == Vs ? (rc = f(std::integral_constant<int, Vs>{}), true) : false) || ...);
+  return rc;
+}
+
 }  // namespace
 
-// Vectors per thread the launch needs (0: more than chain_gn is built for); -1 for a bad geometry.
-extern "C" int chain_vectors(long long rows, int c, int cpg, int window, int cluster, int threads) {
+// Vectors per thread the launch needs (0: more than chain_gn is built for); -1 for a bad geometry. `bf16`: the
+// tensors are bf16 (else fp16).
+extern "C" int chain_vectors(long long rows, int c, int cpg, int window, int cluster, int threads, int bf16) {
   if (window % 8 || window % cpg || c % window || window / cpg > kMaxGroupsPerWindow || threads % 32 ||
       threads > 1024 || window / 8 > threads || cluster < 1 || cluster > 16)
     return -1;
@@ -381,36 +423,34 @@ extern "C" int chain_vectors(long long rows, int c, int cpg, int window, int clu
   const long long per_pass = threads / (window / 8);
   const long long r = (block_rows + per_pass - 1) / per_pass;
   for (int v = 1; v <= 16; v *= 2)
-    if (r <= v) return threads <= max_threads(v) ? v : 0;
+    if (r <= v) return threads <= max_threads(v, bf16) ? v : 0;
   return 0;
 }
 
 // `exchange`: null (DSMEM), or chain_exchange_per_block() float2 per block of the grid (global memory).
 extern "C" int chain_exchange_per_block() { return kMaxGroupsPerWindow; }
 
+// x, y, w, b: fp16, or bf16 where `bf16`.
 extern "C" int chain_launch(const void* x, void* y, const void* w, const void* b, long long batch, long long rows,
                             int c, int cpg, int window, int cluster, int threads, int silu, float eps, void* exchange,
-                            void* stream) {
-  const int vectors = chain_vectors(rows, c, cpg, window, cluster, threads);
+                            int bf16, void* stream) {
+  const int vectors = chain_vectors(rows, c, cpg, window, cluster, threads, bf16);
   if (vectors <= 0) return -1;
-  ChainArgs a{static_cast<const __half*>(x), static_cast<__half*>(y), static_cast<const __half*>(w),
-              static_cast<const __half*>(b), rows, c, cpg, window, cluster, silu, eps, static_cast<float2*>(exchange)};
+  const ChainArgs a{x, y, w, b, rows, c, cpg, window, cluster, silu, eps, static_cast<float2*>(exchange)};
   const int grid = static_cast<int>(batch * (c / window) * cluster);
   const int smem = (threads / (window / 8)) * window * static_cast<int>(sizeof(float2));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (vectors) {
-    case 1: return launch(chain_gn<1>, grid, threads, cluster, smem, s, a);
-    case 2: return launch(chain_gn<2>, grid, threads, cluster, smem, s, a);
-    case 4: return launch(chain_gn<4>, grid, threads, cluster, smem, s, a);
-    case 8: return launch(chain_gn<8>, grid, threads, cluster, smem, s, a);
-    default: return launch(chain_gn<16>, grid, threads, cluster, smem, s, a);
-  }
+  return with_vectors<1, 2, 4, 8, 16>(vectors, [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    return bf16 ? launch(chain_gn<__nv_bfloat16, R>, grid, threads, cluster, smem, s, a)
+                : launch(chain_gn<__half, R>, grid, threads, cluster, smem, s, a);
+  });
 }
 
 // Vectors of x (and of dy) per thread a backward launch needs (0: more than chain_bwd is built for); -1 for a
-// bad geometry. `per_sample` blocks per sample, batch x per_sample per cluster.
+// bad geometry. `per_sample` blocks per sample, batch x per_sample per cluster; `bf16` as chain_vectors'.
 extern "C" int chain_bwd_vectors(long long batch, long long rows, int c, int cpg, int window, int per_sample,
-                                 int threads) {
+                                 int threads, int bf16) {
   if (window % 8 || window % cpg || c % window || window > kMaxWindow || window / cpg > kMaxGroupsPerWindow ||
       threads % 32 || threads > 1024 || window / 8 > threads || per_sample < 1 || batch * per_sample > 16)
     return -1;
@@ -418,31 +458,27 @@ extern "C" int chain_bwd_vectors(long long batch, long long rows, int c, int cpg
   const long long per_pass = threads / (window / 8);
   const long long r = (block_rows + per_pass - 1) / per_pass;
   for (const int v : {1, 2, 3, 4, 6, 8})
-    if (r <= v) return threads <= max_threads_bwd(v) ? v : 0;
+    if (r <= v) return threads <= max_threads_bwd(v, bf16) ? v : 0;
   return 0;
 }
 
+// x, dy, dx, w, b: fp16, or bf16 where `bf16`; mean, rstd, dw, db: float32.
 extern "C" int chain_bwd_launch(const void* x, const void* dy, void* dx, const void* w, const void* b,
                                 const float* mean, const float* rstd, float* dw, float* db, long long batch,
                                 long long rows, int c, int cpg, int window, int per_sample, int threads, int silu,
-                                void* stream) {
-  const int vectors = chain_bwd_vectors(batch, rows, c, cpg, window, per_sample, threads);
+                                int bf16, void* stream) {
+  const int vectors = chain_bwd_vectors(batch, rows, c, cpg, window, per_sample, threads, bf16);
   if (vectors <= 0) return -1;
   const int cluster = static_cast<int>(batch) * per_sample;
-  ChainBwdArgs a{static_cast<const __half*>(x), static_cast<const __half*>(dy), static_cast<__half*>(dx),
-                 static_cast<const __half*>(w), static_cast<const __half*>(b), mean, rstd, dw, db, rows, c, cpg,
-                 c / cpg, window, cluster, per_sample, silu};
+  const ChainBwdArgs a{x, dy, dx, w, b, mean, rstd, dw, db, rows, c, cpg, c / cpg, window, cluster, per_sample, silu};
   const int grid = (c / window) * cluster;
   const int smem = (threads / (window / 8)) * window * static_cast<int>(sizeof(float2));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (vectors) {
-    case 1: return launch(chain_bwd<1>, grid, threads, cluster, smem, s, a);
-    case 2: return launch(chain_bwd<2>, grid, threads, cluster, smem, s, a);
-    case 3: return launch(chain_bwd<3>, grid, threads, cluster, smem, s, a);
-    case 4: return launch(chain_bwd<4>, grid, threads, cluster, smem, s, a);
-    case 6: return launch(chain_bwd<6>, grid, threads, cluster, smem, s, a);
-    default: return launch(chain_bwd<8>, grid, threads, cluster, smem, s, a);
-  }
+  return with_vectors<1, 2, 3, 4, 6, 8>(vectors, [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    return bf16 ? launch(chain_bwd<__nv_bfloat16, R>, grid, threads, cluster, smem, s, a)
+                : launch(chain_bwd<__half, R>, grid, threads, cluster, smem, s, a);
+  });
 }
 
 // An empty kernel on the same grid of clusters: the launch's own share of the chain.
