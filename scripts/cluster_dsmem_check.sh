@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The small shapes' chain floors and the cluster forward's experiments in one or two GPU calls: builds the
-# default kernels and the experiments' variants, then (DSMEM_PARTS, default all, about 11 minutes on an H100: two calls):
+# default kernels and the experiments' variants, then (DSMEM_PARTS, default all: about 11 minutes on an H100,
+# so two calls):
 #   floor  scripts/chain_floor.py: the floors of a read -> cluster reduction -> write GroupNorm, forward and
 #          backward, fp16 and bf16, on the small shapes beside ours (default build), about 5 minutes;
 #   bits   bits_digest.py with the default build and with both experiments: the same lines, or it says DIFFER;
@@ -38,7 +39,8 @@ builds_done $variants
 
 if [[ $parts == *" floor "* ]]; then
   step "chain floors (default build for ours)"
-  timeout 420 python3 scripts/chain_floor.py --dtypes fp16,bf16 --json "$out/chain_floor.json" >"$out/chain_floor.log" 2>&1 || status=1
+  timeout 420 python3 scripts/chain_floor.py --dtypes fp16,bf16 --json "$out/chain_floor.json" \
+    >"$out/chain_floor.log" 2>&1 || status=1
   grep -E "^==|WRONG|WARNING|rror" "$out/chain_floor.log" >>"$out/summary.txt"
 fi
 
