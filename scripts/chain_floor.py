@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 import gn_module
+from gn_module import resources
 from gn_module.bench.timing import EventTimer, time_cuda
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -56,7 +57,7 @@ def build(workdir: str) -> ctypes.CDLL:
     if major < 9:
         raise SystemExit(f"chain_floor needs thread-block clusters (sm_90+); this GPU is sm_{major}{minor}")
     lib = os.path.join(workdir, "libchain_floor.so")
-    nvcc = os.environ.get("NVCC", "nvcc")
+    nvcc = os.environ.get("NVCC") or str(resources.find_nvcc())  # (as gn_module's own build finds it)
     arch = f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"
     cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", arch, "-Xptxas", "-v", SOURCE]
     cmd += ["-o", lib]
