@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   };
   if constexpr (kClusterDsmem) {
     cluster_group_stats<T, kClusterEarly>(a, task, local_parts, emit, first_shift);
-    cluster_arrive();  // done with the other members' shared memory (they wait for this before they exit)
+    cluster_arrive_relaxed();  // done with the other members' shared memory (they wait for it before they exit)
   } else {
     group_stats<T>(a, task, emit);
   }

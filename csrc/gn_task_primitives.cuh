@@ -199,6 +199,14 @@ __device__ __forceinline__ void cluster_arrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 #endif
 }
+// An arrive that orders no memory: where a block only tells the others it is done reading their shared memory
+// (the values it read are already in its registers), a releasing arrive would first wait for every store it
+// issued to global memory.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void cluster_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
