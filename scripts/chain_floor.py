@@ -39,6 +39,7 @@ import torch
 
 import gn_module
 from gn_module import resources
+from gn_module.bench.chain_floors import case_name
 from gn_module.bench.timing import EventTimer, time_cuda
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -223,6 +224,7 @@ def forward_row(lib: ctypes.CDLL, spec: str, dtype: str, timer: EventTimer) -> d
     at_ours = at_our_geometry(results, x, groups)
     row = {
         "shape": spec,
+        "case": case_name(spec),
         "dtype": dtype,
         "direction": "fwd",
         "best": {**best, "grid": grid},
@@ -288,6 +290,7 @@ def backward_row(lib: ctypes.CDLL, spec: str, dtype: str, timer: EventTimer) -> 
     empty = lambda: checked(lib.chain_empty_launch(grid, best["threads"], cluster, current_stream()))  # noqa: E731
     row = {
         "shape": spec,
+        "case": case_name(spec),
         "dtype": dtype,
         "direction": "bwd",
         "best": {**best, "cluster": cluster, "grid": grid},

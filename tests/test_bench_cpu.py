@@ -711,22 +711,17 @@ def test_bad_arguments_exit_2(args: list[str], capsys: pytest.CaptureFixture[str
     assert "error" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("floor_us", [3.0, 8.0])
-def test_main_end_to_end_with_a_fake_gpu(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], floor_us: float
-) -> None:
-    """The whole CLI flow (floors, prepare, time, table, targets, JSON, Markdown) with the GPU parts faked.
+class FakeTimer:
+    can_delay = True
+    delay_us = 20.0
 
-    A floor of 3 us leaves the small latency targets (6 and 10 us) as the issues set them; 8 us rules the
-    forward's 6 us out, which is then judged at 8 / 0.9 us."""
+    def __init__(self, device: object, flush: bool = True) -> None:
+        self.device = device
 
-    class FakeTimer:
-        can_delay = True
-        delay_us = 20.0
 
-        def __init__(self, device: object, flush: bool = True) -> None:
-            self.device = device
-
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, floor_us: float) -> tuple[list[str], list[str]]:
+    """Fake the CLI's GPU parts: every floor launch takes `floor_us`, ours-auto 4 us and eager 40 us (called
+    in turn). Returns the lists the timed calls and the timed floor launches are appended to."""
     calls: list[str] = []
     floors: list[str] = []
 
@@ -741,6 +736,7 @@ def test_main_end_to_end_with_a_fake_gpu(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake GPU")
     monkeypatch.setattr(timing, "cuda_device", lambda d: torch.device("cpu"))
     monkeypatch.setattr(timing, "EventTimer", FakeTimer)
     monkeypatch.setattr(timing, "time_cuda", fake_time_cuda)
@@ -750,6 +746,18 @@ def test_main_end_to_end_with_a_fake_gpu(
     monkeypatch.setattr(
         bench_device, "device_info", lambda d: {"cuda": True, "name": "Fake GPU", "sm_count": 2}
     )
+    return calls, floors
+
+
+@pytest.mark.parametrize("floor_us", [3.0, 8.0])
+def test_main_end_to_end_with_a_fake_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], floor_us: float
+) -> None:
+    """The whole CLI flow (floors, prepare, time, table, targets, JSON, Markdown) with the GPU parts faked.
+
+    A floor of 3 us leaves the small latency targets (6 and 10 us) as the issues set them; 8 us rules the
+    forward's 6 us out, which is then judged at 8 / 0.9 us."""
+    calls, floors = fake_gpu(monkeypatch, floor_us)
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
     args = ["--shapes", "2x1280", "--dtypes", "fp32", "--impls", "ours-auto,eager", "--copy-mib", "1"]
     assert bench.main([*args, "--json", str(out_json), "--markdown", str(out_md)]) == 0
@@ -777,6 +785,47 @@ def test_main_end_to_end_with_a_fake_gpu(
     assert "2 reported (fp32, not judged)" in printed
     md = out_md.read_text()
     assert "Fake GPU" in md and "| 2x1280x16x16-G32-silu | fp32 | fwd |" in md
+
+
+def chain_floor_file(tmp_path: Path, device: str, fwd_us: float, ours_us: float) -> Path:
+    """A chain_floor.py JSON with one fp32 forward row of 2x1280x16x16 (groups 32, SiLU)."""
+    row = {"shape": "2x1280x16x16:silu", "dtype": "fp32", "direction": "fwd", "ours_us": ours_us}
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps({"device": device, "rows": [{**row, "best": {"us": fwd_us, "ok": True}}]}))
+    return path
+
+
+def test_main_judges_at_ninety_percent_of_a_chain_floor(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--chain-floors: a chain floor slower than the copy floor and the target (12 us against 3 and 6) sets
+    the forward's small target at 12 / 0.9 us, names it, and lands in the JSON; the backward keeps its own."""
+    fake_gpu(monkeypatch, 3.0)
+    chain = chain_floor_file(tmp_path, "Fake GPU", 12.0, 15.0)
+    out_json = tmp_path / "r.json"
+    args = ["--shapes", "2x1280", "--dtypes", "fp32", "--impls", "ours-auto,eager", "--copy-mib", "1"]
+    assert bench.main([*args, "--chain-floors", str(chain), "--json", str(out_json)]) == 0
+    assert "fp32 fwd chain floor     12.00 us" in capsys.readouterr().out
+    data = json.loads(out_json.read_text())
+    assert data["chain_floors"] == [
+        {"case": "2x1280x16x16-G32-silu", "dtype": "fp32", "direction": "fwd", "floor_us": 12.0}
+    ]
+    by = {c["target"] + c["direction"]: c for c in data["targets"]}
+    assert set(by) == {"small us, 90 % of the chain floorfwd", "small usbwd"}
+    fwd = by["small us, 90 % of the chain floorfwd"]
+    assert fwd["threshold"] == pytest.approx(12.0 / 0.9) and "chain_floor.py" in fwd["note"]
+
+
+def test_main_refuses_chain_floors_of_another_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_gpu(monkeypatch, 3.0)
+    chain = chain_floor_file(tmp_path, "NVIDIA H100 80GB HBM3", 12.0, 15.0)
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--shapes", "2x1280", "--dtypes", "fp32", "--chain-floors", str(chain)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "measured on 'NVIDIA H100 80GB HBM3'" in err and "'Fake GPU'" in err
 
 
 def test_main_without_floors_times_none(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,9 +4,12 @@ reachable floor leaves the issues' targets alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from gn_module.bench import chain_floors as bench_chain
 from gn_module.bench import floor as bench_floor
 from gn_module.bench import targets as bench_targets
 from gn_module.bench.cases import Case, bytes_moved
@@ -104,3 +107,91 @@ def test_five_dimensional_rows_use_channels_last_3d() -> None:
     case = Case((1, 8, 2, 3, 4), 4)
     y = bench_floor.floor_calls(case, "fp16", "fwd", "cpu")["copy_"]()
     assert y.is_contiguous(memory_format=torch.channels_last_3d)
+
+
+# --- chain floors (scripts/chain_floor.py's JSON, bench --chain-floors) ----
+
+H100 = "NVIDIA H100 80GB HBM3"
+SESSION51 = (
+    Path(__file__).parent.parent / "benchmarks" / "results" / "2026-12-05-h100-session51-chain-floor.json"
+)
+
+
+def chain_row(shape: str, direction: str, best_us: float, ours_us: float, ok: bool = True) -> dict:
+    return {"shape": shape, "dtype": "fp16", "direction": direction, "best": {"us": best_us, "ok": ok},
+            "ours_us": ours_us}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "name"),
+    [
+        ("2x1280x16x16:silu", "2x1280x16x16-G32-silu"),
+        ("1x128x1024x2048:G16", "1x128x1024x2048-G16"),
+        ("1x128x16x256x256:G32:silu", "1x128x16x256x256-G32-silu"),
+    ],
+)
+def test_chain_floor_specs_name_the_benchmark_cases(spec: str, name: str) -> None:
+    assert bench_chain.case_name(spec) == name
+
+
+@pytest.mark.parametrize("spec", ["2x1280", "2x1280x16x16:gelu", "2x1280x16x16 G32"])
+def test_chain_floor_specs_that_are_not_shapes_raise(spec: str) -> None:
+    with pytest.raises(bench_chain.ChainFloorError):
+        bench_chain.case_name(spec)
+
+
+def test_chain_floors_keep_rows_that_are_floors_and_say_why_others_are_not() -> None:
+    rows = [
+        chain_row("2x1280x16x16:silu", "fwd", 9.54, 11.55),
+        chain_row("2x640x32x32:silu", "bwd", 25.0, 20.8),  # ours is faster: the bare kernel found no geometry
+        chain_row("2x320x64x64:silu", "fwd", 9.0, 18.0, ok=False),
+    ]
+    got = bench_chain.parse_chain_floors({"device": H100, "rows": rows}, H100)
+    assert got.us == {("2x1280x16x16-G32-silu", "fp16", "fwd"): 9.54}
+    assert "beat it" in got.skipped[("2x640x32x32-G32-silu", "fp16", "bwd")]
+    assert "fp64" in got.skipped[("2x320x64x64-G32-silu", "fp16", "fwd")]
+
+
+@pytest.mark.parametrize("data", [{}, {"device": H100}, [], {"device": H100, "rows": [{"shape": "2x8x4x4"}]}])
+def test_malformed_chain_floor_files_raise(data: object) -> None:
+    with pytest.raises(bench_chain.ChainFloorError):
+        bench_chain.parse_chain_floors(data, H100)  # type: ignore[arg-type]
+
+
+def test_chain_floors_of_another_device_raise(tmp_path: Path) -> None:
+    with pytest.raises(bench_chain.ChainFloorError, match="do not carry between GPUs"):
+        bench_chain.load_chain_floors(SESSION51, "NVIDIA H200")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(bench_chain.ChainFloorError, match="cannot read"):
+        bench_chain.load_chain_floors(bad, H100)
+
+
+def test_the_committed_h100_chain_floors_load() -> None:
+    got = bench_chain.load_chain_floors(SESSION51, H100)
+    assert got.us[("2x1280x16x16-G32-silu", "fp16", "fwd")] == 9.54
+    assert got.us[("2x1280x16x16-G32-silu", "fp16", "bwd")] == 13.12
+    assert ("1x512x128x128-G32-silu", "fp16", "fwd") in got.skipped  # ours was faster there
+
+
+def test_a_chain_floor_slower_than_the_copy_floor_sets_the_small_target() -> None:
+    results = [Result(SMALL, "fp16", "fwd", "ours-auto", t(15.0))]
+    key = (SMALL.name, "fp16", "fwd")
+    by = {c.target: c for c in bench_targets.check_targets(results, COPY_TBPS, {key: 6.9}, {key: 14.26})}
+    check = by["small us, 90 % of the chain floor"]
+    assert check.threshold == pytest.approx(14.26 / 0.9) and check.passed is True
+    assert "issue: 6 us" in check.note and "14.26 us" in check.note and "chain_floor.py" in check.note
+
+
+def test_a_chain_floor_faster_than_the_copy_floor_leaves_the_copy_floor() -> None:
+    results = [Result(SMALL, "fp16", "fwd", "ours-auto", t(7.0))]
+    key = (SMALL.name, "fp16", "fwd")
+    by = {c.target: c for c in bench_targets.check_targets(results, COPY_TBPS, {key: 6.9}, {key: 6.5})}
+    assert set(by) == {"small us, 90 % of the floor"} and by["small us, 90 % of the floor"].passed is True
+
+
+def test_a_chain_floor_under_the_target_leaves_the_issue_target() -> None:
+    results = [Result(SMALL, "fp16", "bwd", "ours-auto", t(11.0))]
+    key = (SMALL.name, "fp16", "bwd")
+    by = {c.target: c for c in bench_targets.check_targets(results, COPY_TBPS, {}, {key: 9.0})}
+    assert set(by) == {"small us"} and by["small us"].passed is False

@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip timing each row's floor (one launch moving its minimum bytes), which lowers a SOL or "
         "latency target the floor rules out to 90 %% of the floor",
     )
+    p.add_argument(
+        "--chain-floors",
+        metavar="PATH",
+        help="JSON of scripts/chain_floor.py measured on this GPU: a SOL or latency target its bare "
+        "read-reduce-write chain rules out is judged at 90 %% of that chain floor",
+    )
     p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: torch's default)")
     p.add_argument("--device", default="cuda", help="CUDA device, e.g. cuda:1")
     p.add_argument("--json", metavar="PATH", help="write every result, the targets and the context as JSON")
@@ -217,6 +223,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RuntimeError, ValueError) as exc:
         parser.error(f"--device: {exc}")
     torch.cuda.set_device(device)
+    chain = None
+    if args.chain_floors:
+        from gn_module.bench.chain_floors import ChainFloorError, load_chain_floors
+
+        try:
+            chain = load_chain_floors(args.chain_floors, torch.cuda.get_device_name(device))
+        except ChainFloorError as exc:
+            parser.error(f"--chain-floors: {exc}")
+        for (name, dtype, direction), us in chain.us.items():
+            print(f"{name:26} {dtype} {direction} chain floor {us:9.2f} us ({args.chain_floors})", flush=True)
+        for (name, dtype, direction), why in chain.skipped.items():
+            print(f"{name:26} {dtype} {direction} chain floor left out: {why}", flush=True)
     info = device_info(device)
     print(f"device: {device_label(info)}", flush=True)
     timer = EventTimer(device, flush=bool(settings["flush_l2"]))
@@ -250,8 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=info,
         copy=copy.as_dict(),
         results=results,
-        checks=check_targets(results, copy.tbps, floors),
+        checks=check_targets(results, copy.tbps, floors, chain.us if chain else None),
         floors=floors,
+        chain_floors=chain.us if chain else {},
         settings={**settings, "dtypes": ",".join(dtypes), "elapsed_s": round(elapsed, 1)},
     )
     print()

@@ -73,18 +73,28 @@ def measure_floor(
     return Floor(times)
 
 
-def limit_adjusted(threshold: float, floor_value: float, higher_is_better: bool) -> tuple[float, str] | None:
+#: What each kind of floor is, as a target's note names it.
+FLOOR_KINDS = {
+    "copy": "one launch moving these bytes",
+    "chain": "the bare read-reduce-write chain (scripts/chain_floor.py)",
+}
+
+
+def limit_adjusted(
+    threshold: float, floor_value: float, higher_is_better: bool, kind: str = "copy"
+) -> tuple[float, str] | None:
     """Where the floor rules `threshold` out, the target it becomes (90 % of the floor) and a note saying why.
 
     `floor_value` is in the target's unit: a fraction of SOL (higher is better) or microseconds (lower is).
-    None where the floor leaves the issue's target reachable.
+    `kind` names the floor (FLOOR_KINDS). None where the floor leaves the issue's target reachable.
     """
+    what = FLOOR_KINDS[kind]
     if higher_is_better:
         if floor_value >= threshold:
             return None
         adjusted = LIMIT_SHARE * floor_value
-        return adjusted, f"issue: {threshold:g}; one launch moving these bytes reaches {floor_value:.3f}"
+        return adjusted, f"issue: {threshold:g}; {what} reaches {floor_value:.3f}"
     if floor_value <= threshold:
         return None
     adjusted = floor_value / LIMIT_SHARE
-    return adjusted, f"issue: {threshold:g} us; one launch moving these bytes takes {floor_value:.2f} us"
+    return adjusted, f"issue: {threshold:g} us; {what} takes {floor_value:.2f} us"

@@ -35,6 +35,8 @@ class Report:
     settings: dict[str, Any] = field(default_factory=dict)
     #: Each row's floor in us (`floor.measure_floor`) by (case, dtype, direction); empty when not measured.
     floors: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    #: Each row's chain floor in us (`chain_floors`, from --chain-floors) by the same key; empty when none.
+    chain_floors: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
     @property
     def copy_tbps(self) -> float | None:
@@ -51,6 +53,10 @@ class Report:
             "floors": [
                 {"case": case, "dtype": dtype, "direction": direction, "floor_us": us}
                 for (case, dtype, direction), us in self.floors.items()
+            ],
+            "chain_floors": [
+                {"case": case, "dtype": dtype, "direction": direction, "floor_us": us}
+                for (case, dtype, direction), us in self.chain_floors.items()
             ],
             "targets": [c.as_dict() for c in self.checks],
             "targets_summary": summarize_checks(self.checks),

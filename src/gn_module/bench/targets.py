@@ -23,7 +23,9 @@ x compile-cl, >= 8 MiB             >= 2                        (none)
 
 Where the run measured a row's floor (`floor`: one launch moving the row's minimum bytes) and the floor rules
 the SOL or latency target out, that target becomes 90 % of the floor (the issues' "90 % of a measured limit"),
-named "..., 90 % of the floor" with the issue's target in the note.
+named "..., 90 % of the floor" with the issue's target in the note. A chain floor (`chain_floors`: the bare
+read-reduce-write chain of scripts/chain_floor.py, measured on the same device) is the tighter limit where it
+is slower than the copy floor; the target is then named "..., 90 % of the chain floor".
 
 "A sample fits on chip" (issue 12: "each sample's 16 MiB fits on chip", 32x128x256x256; issue 13: "a
 sample's channel window fits on chip") is ruled as: the tensor has more than one sample and one sample's
@@ -141,16 +143,33 @@ def sol_target(case: Case, tensor_bytes: int, direction: str) -> tuple[str, floa
     return f"{cls} SOL", SOL_TARGETS[(cls, direction)]
 
 
+def row_floor(
+    key: tuple[str, str, str],
+    floors: Mapping[tuple[str, str, str], float],
+    chain_floors: Mapping[tuple[str, str, str], float],
+) -> tuple[float | None, str]:
+    """The row's tightest measured floor in us (the slower of its copy and chain floors) and its kind."""
+    copy, chain = floors.get(key), chain_floors.get(key)
+    if chain is not None and (copy is None or chain > copy):
+        return chain, "chain"
+    return copy, "copy"
+
+
 def check_targets(
-    results: list[Result], copy_tbps: float | None, floors: Mapping[tuple[str, str, str], float] | None = None
+    results: list[Result],
+    copy_tbps: float | None,
+    floors: Mapping[tuple[str, str, str], float] | None = None,
+    chain_floors: Mapping[tuple[str, str, str], float] | None = None,
 ) -> list[TargetCheck]:
     """Every target that applies to every measured (shape, dtype, direction).
 
-    `floors` (us by `Result.key`, `floor.measure_floor` in the same run) may lower a SOL or latency target
-    to 90 % of the row's floor where the floor rules the issue's target out (`floor.limit_adjusted`); the
-    check's note then gives the issue's target and the floor.
+    `floors` (us by `Result.key`, `floor.measure_floor` in the same run) and `chain_floors` (us by the same
+    key, `chain_floors.load_chain_floors` of this device) may lower a SOL or latency target to 90 % of the
+    row's tighter floor where it rules the issue's target out (`floor.limit_adjusted`); the check's note then
+    gives the issue's target and the floor.
     """
     floors = floors or {}
+    chain_floors = chain_floors or {}
     checks: list[TargetCheck] = []
     for (case, dtype, direction), by_impl in group_results(results).items():
         ours = by_impl.get(OURS)
@@ -165,23 +184,31 @@ def check_targets(
         ) -> None:
             checks.append(TargetCheck(case, dtype, direction, target, value, threshold, higher, judged, note))  # noqa: B023
 
-        floor_us = floors.get(ours.key)
+        floor_us, floor_kind = row_floor(ours.key, floors, chain_floors)
 
         def add_limited(
-            target: str, value: float | None, threshold: float, floor_value: float | None, higher: bool
+            target: str,
+            value: float | None,
+            threshold: float,
+            floor_value: float | None,
+            higher: bool,
+            kind: str,
         ) -> None:
-            adjusted = None if floor_value is None else limit_adjusted(threshold, floor_value, higher)
+            adjusted = None if floor_value is None else limit_adjusted(threshold, floor_value, higher, kind)
             if adjusted is None:
                 add(target, value, threshold, higher)
             else:
-                add(f"{target}, 90 % of the floor", value, adjusted[0], higher, adjusted[1])
+                label = "the floor" if kind == "copy" else f"the {kind} floor"
+                add(f"{target}, 90 % of {label}", value, adjusted[0], higher, adjusted[1])
 
         sol = sol_target(ours.case, tensor_bytes, direction)
         if sol is not None:
             floor_sol = sol_fraction(ours.bytes, floor_us, copy_tbps) if floor_us and copy_tbps else None
-            add_limited(sol[0], ours.sol(copy_tbps), sol[1], floor_sol, True)
+            add_limited(sol[0], ours.sol(copy_tbps), sol[1], floor_sol, True, floor_kind)
         if cls == "small":
-            add_limited("small us", ours.median_us, LATENCY_TARGETS_US[direction], floor_us, False)
+            add_limited(
+                "small us", ours.median_us, LATENCY_TARGETS_US[direction], floor_us, False, floor_kind
+            )
 
         compiled = [by_impl[i] for i in COMPILE_IMPLS if i in by_impl and by_impl[i].median_us is not None]
         best = min(compiled, key=lambda r: r.median_us) if compiled else None
