@@ -1,7 +1,8 @@
 """A small workload for compute-sanitizer: both schedules, forward and backward, caps 1, 7 and
 natural, every dtype, with and without SiLU and affine parameters, a one launch of several rounds whose
-members keep their chunks, and the wide launches under CUDA autocast (float16/bfloat16 x, float32 y and
-dy). Exits non-zero on a wrong result."""
+members keep their chunks, the one launch whose teams are thread-block clusters (sm_90 builds: its cluster
+barrier and, under -DGN_EXP_CLUSTER_DSMEM=1, its reads of the other members' shared memory), and the wide
+launches under CUDA autocast (float16/bfloat16 x, float32 y and dy). Exits non-zero on a wrong result."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import contextlib
 import torch
 
 import gn_module
-from gn_module import reference
+from gn_module import ops, reference, schedule
 
 
 def channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -50,6 +51,15 @@ def main() -> None:
     # chip (what -DGN_EXP_STREAMED_ROUNDS=1 runs as one stream per member)
     x = channels_last(torch.randn((2, 64, 64, 64), device="cuda").to(torch.float16))
     check(x, 8, torch.randn_like(x), None)
+    # the cluster teams (teams of 6 and of 2 on an H200; a scalar-path C): at the natural cap, where the
+    # plan fits, sm_90 code runs fwd_task_cluster
+    for shape, groups in (((2, 1280, 16, 16), 32), ((2, 2560, 8, 8), 32), ((2, 100, 37, 5), 10)):
+        x = channels_last(torch.randn(shape, device="cuda").to(torch.float16))
+        fits = schedule.cluster_teams_fit(ops.plan(x.shape, groups, x.dtype, "fwd", 1))
+        print(
+            f"cluster teams {shape}: {'fit' if fits else 'do not fit'} (sm_{ops.runtime_cuda_arch() // 10})"
+        )
+        check(x, groups, torch.randn_like(x), None)
     for dtype in (torch.float16, torch.bfloat16):  # the wide launches: float32 y and dy
         x = channels_last(torch.randn((2, 128, 24, 20), device="cuda").to(dtype))
         check(x, 32, channels_last(torch.randn(x.shape, device="cuda")), dtype)
