@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gn_module.bench.cases import Case
+
 #: Groups of a chain_floor shape spec without ':G<n>' (scripts/time_shapes.parse's default).
 DEFAULT_GROUPS = 32
 _SPEC = re.compile(r"^(?P<shape>\d+(?:x\d+){2,})(?P<opts>(?::[A-Za-z0-9]+)*)$")
@@ -51,7 +53,10 @@ def case_name(spec: str) -> str:
             act = "silu"
         else:
             raise ChainFloorError(f"unknown option {opt!r} in chain_floor shape {spec!r}")
-    return f"{m['shape']}-G{groups}" + ("-silu" if act else "")
+    try:
+        return Case(tuple(int(v) for v in m["shape"].split("x")), groups, act).name
+    except ValueError as exc:
+        raise ChainFloorError(f"chain_floor shape {spec!r}: {exc}") from None
 
 
 def parse_chain_floors(data: dict, device: str) -> ChainFloors:

@@ -50,17 +50,18 @@ class Report:
             "copy_bandwidth": self.copy,
             "settings": self.settings,
             "results": [r.as_dict(self.copy_tbps) for r in self.results],
-            "floors": [
-                {"case": case, "dtype": dtype, "direction": direction, "floor_us": us}
-                for (case, dtype, direction), us in self.floors.items()
-            ],
-            "chain_floors": [
-                {"case": case, "dtype": dtype, "direction": direction, "floor_us": us}
-                for (case, dtype, direction), us in self.chain_floors.items()
-            ],
+            "floors": _floor_rows(self.floors),
+            "chain_floors": _floor_rows(self.chain_floors),
             "targets": [c.as_dict() for c in self.checks],
             "targets_summary": summarize_checks(self.checks),
         }
+
+
+def _floor_rows(floors: dict[tuple[str, str, str], float]) -> list[dict[str, Any]]:
+    return [
+        {"case": case, "dtype": dtype, "direction": direction, "floor_us": us}
+        for (case, dtype, direction), us in floors.items()
+    ]
 
 
 def fmt_us(us: float | None) -> str:
