@@ -146,13 +146,6 @@ __device__ __forceinline__ float silu_grad(float dy, float z, float s) { return 
 #define GN_EXP_CLUSTER_DSMEM 0
 #endif
 constexpr bool kClusterDsmem = GN_EXP_CLUSTER_DSMEM != 0;
-// The experiment -DGN_EXP_CLUSTER_EARLY=1 (off by default): the cluster forward's members load their share of
-// the task's weight and bias (and under GN_EXP_CLUSTER_DSMEM the combine's shifts) into registers before their
-// chunk copies, not just before (and after) the cluster barrier, whose release waits for every earlier load.
-#ifndef GN_EXP_CLUSTER_EARLY
-#define GN_EXP_CLUSTER_EARLY 0
-#endif
-constexpr bool kClusterEarly = GN_EXP_CLUSTER_EARLY != 0;
 // The most tiles one member of a team holds (schedule.member_tiles' balanced ranges).
 __host__ __device__ inline int cluster_member_tiles(const GnArgs& a) {
   return static_cast<int>((a.tiles_per_task + a.team_size - 1) / a.team_size);

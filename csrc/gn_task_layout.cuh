@@ -195,8 +195,9 @@ __device__ __forceinline__ void load_task_params(const GnArgs& a, int64_t task, 
 }
 
 // A thread's share of a task's (weight, bias), loaded into registers early and stored into shared memory
-// later (GN_EXP_CLUSTER_EARLY): the window's elements threadIdx.x and threadIdx.x + kThreads, and any beyond
-// (a window wider than 2 * kThreads channels) when stored. What load_task_params stores.
+// later (the cluster forward, whose barrier's release waits for every earlier load): the window's elements
+// threadIdx.x and threadIdx.x + kThreads, and any beyond (a window wider than 2 * kThreads channels) when
+// stored. What load_task_params stores.
 struct EarlyParams {
   float2 v[2];
   __device__ void load(const GnArgs& a, int64_t task) {

@@ -189,8 +189,8 @@ __device__ __forceinline__ float2* cluster_local_partials(const GnArgs& a) {
   return reinterpret_cast<float2*>(smem + cluster_partials_offset(a));
 }
 
-// The shift of the group this thread combines in cluster_group_stats' first pass (0 if none), loaded early
-// (GN_EXP_CLUSTER_EARLY): x's first element of the group.
+// The shift of the group this thread combines in cluster_group_stats' first pass (0 if none), loaded with the
+// chunk copies: x's first element of the group.
 template <typename T>
 __device__ __forceinline__ float cluster_first_shift(const GnArgs& a, int64_t task) {
   const int gl = threadIdx.x >> combine_lanes_log2(groups_per_window(a));
@@ -202,12 +202,12 @@ __device__ __forceinline__ float cluster_first_shift(const GnArgs& a, int64_t ta
 // group_stats for a cluster team whose members hold their partials in shared memory (`local`, the same
 // offset in every member: cluster_local_partials): tile t's comes from its member's over DSMEM. The same
 // lanes, the same order and the same fold as group_stats: the same bits. After the cluster barrier.
-// kEarlyShift: the first pass's shift is `first_shift` (cluster_first_shift's, loaded before the barrier).
+// The first pass's shift is `first_shift` (cluster_first_shift's, loaded before the barrier).
 // Its fold and emit repeat group_stats' on purpose: a shared helper changed the default kernels' code
 // (sm_90 PTX), which must stay as measured while this is an experiment; share it if the experiment lands.
-template <typename T, bool kEarlyShift = false, typename Emit>
+template <typename T, typename Emit>
 __device__ __forceinline__ void cluster_group_stats(const GnArgs& a, int64_t task, const float2* local, Emit&& emit,
-                                                    float first_shift = 0.f) {
+                                                    float first_shift) {
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const int cpg = channels_per_group(a);
   const int gw = groups_per_window(a);
@@ -221,8 +221,7 @@ __device__ __forceinline__ void cluster_group_stats(const GnArgs& a, int64_t tas
     float2 acc = make_float2(0.f, 0.f);
     float shift = 0.f;
     if (gl < gw) {
-      shift = kEarlyShift && base == 0 ? first_shift
-                                       : to_float(static_cast<const T*>(a.x)[n * a.s * a.c + c0 + gl * cpg]);
+      shift = base == 0 ? first_shift : to_float(static_cast<const T*>(a.x)[n * a.s * a.c + c0 + gl * cpg]);
       int owner = 0, owner_t0 = 0, owner_t1 = member_tile(a, 1);  // the member that holds tile t
       constexpr int kBatch = 16;  // loads in flight together, then added in order (sum_partials)
       for (int i0 = 0; i0 < per_lane; i0 += kBatch) {

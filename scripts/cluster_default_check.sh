@@ -7,13 +7,14 @@
 #             shapes, under the experiment and under the default build: where its time goes before the
 #             first copy, at the barrier and in the apply.
 #   bash scripts/cluster_default_check.sh OUT
-# Environment: CLUSTER_FLAGS (default "-DGN_EXP_CLUSTER_EARLY=1"), CLUSTER_PARTS ("suite sanitize trace"),
-# CLUSTER_TRACE_SHAPES (default "2x1280x16x16:silu,2x640x32x32:silu,16x256x16x16:silu").
+# Environment: CLUSTER_FLAGS (default "-DGN_EXP_CLUSTER_DSMEM=1"; "" checks the default build),
+# CLUSTER_PARTS ("suite sanitize trace"), CLUSTER_TRACE_SHAPES (default
+# "2x1280x16x16:silu,2x640x32x32:silu,16x256x16x16:silu").
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
 source "$(dirname "$0")/gpu_call.sh"
 gpu_call_setup cluster_default_check.sh "${1:-}"
-flags=${CLUSTER_FLAGS--DGN_EXP_CLUSTER_EARLY=1}
+flags=${CLUSTER_FLAGS--DGN_EXP_CLUSTER_DSMEM=1}
 parts=" ${CLUSTER_PARTS:-suite sanitize trace} "
 status=0
 step "flags: ${flags:-(none)}; parts:$parts"

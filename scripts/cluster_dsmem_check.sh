@@ -4,13 +4,13 @@
 # so two calls):
 #   floor  scripts/chain_floor.py: the floors of a read -> cluster reduction -> write GroupNorm, forward and
 #          backward, fp16 and bf16, on the small shapes beside ours (default build), about 5 minutes;
-#   bits   bits_digest.py with the default build and with both experiments: the same lines, or it says DIFFER;
+#   bits   bits_digest.py with the default build and with the DSMEM exchange: the same lines, or it says DIFFER;
 #   tests  tests/gpu/test_cluster_teams.py and test_task_sync.py under each experiment build (the cluster
 #          kernel's bits against the cooperative teams'), and the DSMEM build with a planted bug (must fail);
 #   time   the shapes whose forward runs as clusters, every variant in alternating rounds.
-# Variants: default; dsmem = -DGN_EXP_CLUSTER_DSMEM=1 (the members' tile partials over distributed shared memory
-# instead of the workspace); early = -DGN_EXP_CLUSTER_EARLY=1 (weight, bias and the combine's shifts loaded
-# with the chunk copies, not at the barrier); both. Logs under OUT, the lines to read in OUT/summary.txt.
+# Variants: default (weight, bias and the combine's shifts load with the chunk copies, since session 52);
+# dsmem = -DGN_EXP_CLUSTER_DSMEM=1 (the members' tile partials over distributed shared memory instead of the
+# workspace). Logs under OUT, the lines to read in OUT/summary.txt.
 #   bash scripts/cluster_dsmem_check.sh OUT
 # Environment: DSMEM_PARTS ("floor bits tests time"), DSMEM_ROUNDS (default 2).
 set -uo pipefail
@@ -21,10 +21,8 @@ parts=" ${DSMEM_PARTS:-floor bits tests time} "
 declare -A FLAGS=(
   [default]=""
   [dsmem]="-DGN_EXP_CLUSTER_DSMEM=1"
-  [early]="-DGN_EXP_CLUSTER_EARLY=1"
-  [both]="-DGN_EXP_CLUSTER_DSMEM=1 -DGN_EXP_CLUSTER_EARLY=1"
 )
-variants="default dsmem early both"
+variants="default dsmem"
 # the benchmark's cluster row, and the cluster plans of session 29 (teams of 2-7, one chunk a member)
 shapes="2x1280x16x16:silu 4x512x16x16:silu 8x640x16x16:silu 16x768x8x8:silu 16x1280x8x8:silu 16x256x16x16:silu"
 status=0
@@ -48,24 +46,24 @@ if [[ $parts == *" floor "* ]]; then
 fi
 
 if [[ $parts == *" bits "* ]]; then
-  step "bits: default, both"
+  step "bits: default, dsmem"
   acts="--acts silu,none --shapes 2x1280x16x16,4x512x16x16,16x768x8x8,16x256x16x16,3x96x17x19"
-  for v in default both; do
+  for v in default dsmem; do
     # shellcheck disable=SC2086
     GN_NVCC_FLAGS="${FLAGS[$v]}" timeout 120 python3 scripts/bits_digest.py $acts >"$out/bits_$v.log" 2>&1 ||
       status=1
   done
-  if cmp -s "$out/bits_default.log" "$out/bits_both.log"; then
+  if cmp -s "$out/bits_default.log" "$out/bits_dsmem.log"; then
     echo "bits: the same ($(wc -l <"$out/bits_default.log") lines)" >>"$out/summary.txt"
   else
     echo "bits: DIFFER" >>"$out/summary.txt"
-    diff "$out/bits_default.log" "$out/bits_both.log" | head -20 >>"$out/summary.txt"
+    diff "$out/bits_default.log" "$out/bits_dsmem.log" | head -20 >>"$out/summary.txt"
     status=1
   fi
 fi
 
 if [[ $parts == *" tests "* ]]; then
-  for v in dsmem early both; do
+  for v in dsmem; do
     step "cluster tests, $v"
     GN_NVCC_FLAGS="${FLAGS[$v]}" timeout 150 python3 -m pytest -q -p xdist -n 8 tests/gpu/test_cluster_teams.py \
       tests/gpu/test_task_sync.py >"$out/tests_$v.log" 2>&1 || status=1
