@@ -148,8 +148,7 @@ inline cudaError_t active_clusters(Kernel kernel, const cudaLaunchConfig_t& conf
 // blocks) fit and save 1.7-2.2 us (RESULTS.md session 28).
 constexpr int kNoClusterFits = -1;
 inline int launch_clusters(const GnArgs& a, cudaStream_t stream, Kernel kernel) {
-  const int smem = cluster_smem(a);
-  cudaError_t err = allow_smem(reinterpret_cast<const void*>(kernel), smem);
+  cudaError_t err = allow_smem(reinterpret_cast<const void*>(kernel), a.smem);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -159,7 +158,7 @@ inline int launch_clusters(const GnArgs& a, cudaStream_t stream, Kernel kernel) 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.grid));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.dynamicSmemBytes = static_cast<size_t>(a.smem);
   config.stream = stream;
   config.attrs = attribute;
   config.numAttrs = 1;

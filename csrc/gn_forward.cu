@@ -320,14 +320,11 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
   if (kTracePrologue) trace_point(a, 9);
   prefetch_task_params(a, task);
-  // weight, bias (and the combine's shifts) load with the chunk copies: the barrier's release waits for every
+  // weight and bias load with the chunk copies: the barrier's release waits for every
   // earlier load, so loaded after the stats they sat on its critical path (H100: 1-4 % of the small shapes)
   EarlyParams early;
   early.load(a, task);
-  const float first_shift = kClusterDsmem ? cluster_first_shift<T>(a, task) : 0.f;
-  float2* const local_parts = kClusterDsmem ? cluster_local_partials(a) : nullptr;
-  const int chunks =
-      member_stats<T, V, true, kClusterDsmem>(a, task, t0, t1, sm, 5, 0, local_parts, cluster_member_tiles(a));
+  const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);
   trace_point(a, 1);
   cluster_barrier();
   trace_point(a, 2);
@@ -340,16 +337,10 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
       a.rstd[ng0 + gl] = rstd;
     }
   };
-  if constexpr (kClusterDsmem) {
-    cluster_group_stats<T>(a, task, local_parts, emit, first_shift);
-    cluster_arrive_relaxed();  // done with the other members' shared memory (they wait for it before they exit)
-  } else {
-    group_stats<T>(a, task, emit);
-  }
+  group_stats<T>(a, task, emit);
   __syncthreads();
   trace_point(a, 3);
   const int reread = member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
-  if constexpr (kClusterDsmem) cluster_wait();
   trace_point(a, 4);
   trace_point(a, 15);
   record(a, 1, static_cast<int>(t1 - t0));

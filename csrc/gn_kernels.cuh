@@ -138,25 +138,6 @@ __device__ __forceinline__ float silu_grad(float dy, float z, float s) { return 
 #define GN_EXP_SILU_PAIRED_RCP 0
 #endif
 
-// The experiment -DGN_EXP_CLUSTER_DSMEM=1 (off by default): the cluster forward's members (fwd_task_cluster)
-// keep their tile partials in their own shared memory, past the plan's a.smem, and read each other's over
-// distributed shared memory after the cluster barrier, not through the workspace in L2. The same partials
-// summed in the same order: the same bits. scripts/chain_floor.py times both exchanges in a bare kernel.
-#ifndef GN_EXP_CLUSTER_DSMEM
-#define GN_EXP_CLUSTER_DSMEM 0
-#endif
-constexpr bool kClusterDsmem = GN_EXP_CLUSTER_DSMEM != 0;
-// The most tiles one member of a team holds (schedule.member_tiles' balanced ranges).
-__host__ __device__ inline int cluster_member_tiles(const GnArgs& a) {
-  return static_cast<int>((a.tiles_per_task + a.team_size - 1) / a.team_size);
-}
-// Where a cluster member's partials start in dynamic shared memory (past the plan's layout, 16-byte aligned).
-__host__ __device__ inline int cluster_partials_offset(const GnArgs& a) { return (a.smem + 15) / 16 * 16; }
-// The cluster launch's dynamic shared memory: the plan's, and under the experiment the partials.
-__host__ __device__ inline int cluster_smem(const GnArgs& a) {
-  return kClusterDsmem ? cluster_partials_offset(a) + a.groups_per_window * cluster_member_tiles(a) * 8 : a.smem;
-}
-
 // ---------------------------------------------------------------- fused activations
 // GnArgs.act (gn_module._abi.ACT_CODES): the activation applied to z = xhat * w + b.
 enum ActCode : int { kActNone = 0, kActSilu = 1, kActRelu = 2, kActGelu = 3, kActGeluTanh = 4 };

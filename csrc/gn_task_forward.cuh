@@ -46,11 +46,10 @@ __device__ __forceinline__ int one_launch_reread(const GnArgs& a, int chunks) {
 // slots used (the two-launch stats kernel, which keeps no chunk for an apply). kOneLaunch: this block's own
 // apply follows, so the copies carry the L2 hints for its re-reads (l2_hints); the two-launch stats' carry none.
 // `trace`: the first of 4 trace points (copies issued, first chunk in, first tile done, all
-// done), or -1 for none. kLocalParts (the cluster experiment, GN_EXP_CLUSTER_DSMEM): the partials of tile
-// t0 + i go to local_parts[group * local_stride + i] in this block's shared memory instead of the workspace.
-template <typename T, int V, bool kOneLaunch = true, bool kLocalParts = false>
+// done), or -1 for none.
+template <typename T, int V, bool kOneLaunch = true>
 __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t1, const TaskSmem<T>& sm,
-                            int trace = -1, int ring = 0, float2* local_parts = nullptr, int local_stride = 0) {
+                            int trace = -1, int ring = 0) {
   constexpr bool kHinted = kL2Hints && kOneLaunch;
   const TaskLane lane(a);
   const ThreadChunks<T> tc(a, lane.row, lane.col, V, t0, t1);
@@ -100,11 +99,7 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
         if (trace >= 0 && q == 0) trace_point(a, trace + 1);
         if (lane.active) accumulate_rows<T, V>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), shift, s1, s2);
         if (++in_tile == cpt) {
-          if constexpr (kLocalParts) {
-            finish_tile<T, V>(a, lane, sm, s1, s2, local_parts + (tile - t0), local_stride);
-          } else {
-            finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);
-          }
+          finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);
           if (trace >= 0 && tile == t0) trace_point(a, trace + 2);
           in_tile = 0;
           ++tile;

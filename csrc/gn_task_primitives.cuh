@@ -193,37 +193,6 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-// The two halves of cluster_barrier, apart: arrive (releasing), then later wait (acquiring).
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#endif
-}
-// An arrive that orders no memory: where a block only tells the others it is done reading their shared memory
-// (the values it read are already in its registers), a releasing arrive would first wait for every store it
-// issued to global memory.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-
-// `p` (in this block's shared memory) read in the shared memory of the cluster's block `rank` (DSMEM).
-__device__ __forceinline__ float2 load_cluster_peer(const float2* p, int rank) {
-  float2 v = make_float2(0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
-#endif
-  return v;
-}
 
 // ---------------------------------------------------------------- profiling
 // Optional phase timeline (GnArgs::trace, scripts/profile_tasks.py --trace): thread 0 of each block

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a cluster-forward experiment must pass before it becomes the default, in one GPU call (about 5 minutes):
+# What a change to the cluster forward must pass before it becomes the default, in one GPU call (about 5 minutes):
 #   suite     the whole GPU suite (tests/gpu, 8 workers) built with the experiment's flags;
 #   sanitize  compute-sanitizer's four tools on scripts/sanitize_workload.py (which runs fwd_task_cluster),
 #             built with the same flags;
@@ -7,21 +7,23 @@
 #             shapes, under the experiment and under the default build: where its time goes before the
 #             first copy, at the barrier and in the apply.
 #   bash scripts/cluster_default_check.sh OUT
-# Environment: CLUSTER_FLAGS (default "-DGN_EXP_CLUSTER_DSMEM=1"; "" checks the default build),
+# Environment: CLUSTER_FLAGS (an experiment's nvcc flags; default none: the default build),
 # CLUSTER_PARTS ("suite sanitize trace"), CLUSTER_TRACE_SHAPES (default
 # "2x1280x16x16:silu,2x640x32x32:silu,16x256x16x16:silu").
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
 source "$(dirname "$0")/gpu_call.sh"
 gpu_call_setup cluster_default_check.sh "${1:-}"
-flags=${CLUSTER_FLAGS--DGN_EXP_CLUSTER_DSMEM=1}
+flags=${CLUSTER_FLAGS-}
 parts=" ${CLUSTER_PARTS:-suite sanitize trace} "
 status=0
 step "flags: ${flags:-(none)}; parts:$parts"
 
 GN_NVCC_FLAGS="$flags" build_native exp
 [[ $parts == *" trace "* ]] && GN_NVCC_FLAGS="-DGN_TRACE_PROLOGUE=1" build_native trace_default
-[[ $parts == *" trace "* ]] && GN_NVCC_FLAGS="$flags -DGN_TRACE_PROLOGUE=1" build_native trace_exp
+# (with no experiment the two traces are one)
+traced="default" && [ -n "$flags" ] && traced="default exp"
+[[ $parts == *" trace "* && -n $flags ]] && GN_NVCC_FLAGS="$flags -DGN_TRACE_PROLOGUE=1" build_native trace_exp
 wait
 builds_done exp trace_default trace_exp
 
@@ -44,7 +46,7 @@ fi
 
 if [[ $parts == *" trace "* ]]; then
   shapes=${CLUSTER_TRACE_SHAPES:-2x1280x16x16:silu,2x640x32x32:silu,16x256x16x16:silu}
-  for v in default exp; do
+  for v in $traced; do
     f="-DGN_TRACE_PROLOGUE=1"
     [ "$v" = exp ] && f="$flags $f"
     step "trace ($v: $f)"

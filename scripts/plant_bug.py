@@ -226,16 +226,6 @@ PLANTINGS = {
         "it sums whatever the workspace held (poison, or an earlier launch's partials)",
         "cluster", False,
     ),
-    "cluster-dsmem-owner": Planting(
-        "gn_task_reduce.cuh",
-        "            v[i] = load_cluster_peer(local + gl * stride + (t - owner_t0), owner);",
-        "            // PLANTED: every tile's partial is read from member 0's shared memory\n"
-        "            v[i] = load_cluster_peer(local + gl * stride + (t - owner_t0), 0);",
-        "the cluster forward's DSMEM experiment (-DGN_EXP_CLUSTER_DSMEM=1, sm_90 builds): the combine reads "
-        "every tile's partial from the first member's shared memory, so the other members' tiles are summed "
-        "as whatever member 0 holds at their offsets (its own tiles, or what its shared memory held)",
-        "cluster", False,
-    ),
     "streamed-reader-stuck": Planting(
         "gn_forward.cu", "    if (read_task < task_count(a) && lane.active) {",
         "    if (read_task == team && lane.active) {  // PLANTED: the stream never reads past its first task",

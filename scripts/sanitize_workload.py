@@ -1,7 +1,7 @@
 """A small workload for compute-sanitizer: both schedules, forward and backward, caps 1, 7 and
 natural, every dtype, with and without SiLU and affine parameters, a one launch of several rounds whose
 members keep their chunks, the one launch whose teams are thread-block clusters (sm_90 builds: its cluster
-barrier and, under -DGN_EXP_CLUSTER_DSMEM=1, its reads of the other members' shared memory), and the wide
+barrier), and the wide
 launches under CUDA autocast (float16/bfloat16 x, float32 y and dy). Exits non-zero on a wrong result."""
 
 from __future__ import annotations
