@@ -1,8 +1,8 @@
 """A small workload for compute-sanitizer: both schedules, forward and backward, caps 1, 7 and
 natural, every dtype, with and without SiLU and affine parameters, a one launch of several rounds whose
 members keep their chunks, the one launch whose teams are thread-block clusters (sm_90 builds: its cluster
-barrier), and the wide
-launches under CUDA autocast (float16/bfloat16 x, float32 y and dy). Exits non-zero on a wrong result."""
+barrier), and the wide launches under CUDA autocast (float16/bfloat16 x, float32 y and dy). Exits non-zero
+on a wrong result."""
 
 from __future__ import annotations
 
