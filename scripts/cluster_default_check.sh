@@ -55,5 +55,4 @@ if [[ $parts == *" trace "* ]]; then
     cat "$out/trace_$v.log" >>"$out/summary.txt"
   done
 fi
-step "done (status $status)"
-exit $status
+gpu_call_done $status

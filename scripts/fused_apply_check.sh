@@ -122,6 +122,7 @@ if [ -n "$passes_builds" ]; then
   for b in default $passes_builds; do
     fits 60 "passes 1 and 2 of $b" || continue
     step "one launch against two, $b (GN_ARCH=tasks+bwd1)"
+    # shellcheck disable=SC2086  # (the shapes are separate arguments)
     GN_ARCH=tasks+bwd1 GN_NVCC_FLAGS="$(flags_of "$b")" timeout 120 python3 scripts/time_shapes.py \
       ${FUSED_PASSES_SHAPES:-1x512x256x256:silu 32x128x256x256} --dtype fp16 --directions fwd,bwd --passes 2,1 \
       --json "$out/passes_$b.json" >"$out/passes_$b.log" 2>&1 || status=1
@@ -183,5 +184,4 @@ if [ -n "${FUSED_NCU:-}" ] && command -v ncu >/dev/null && fits 120 "ncu"; then
   done
   unset GN_PROFILE_SHAPES
 fi
-step "done (status $status)"
-exit $status
+gpu_call_done $status

@@ -10,6 +10,9 @@
 #   builds_done NAME...        each failed build's last lines into the summary
 #   plugin_opt                 `-p pytest_gn.plugin` where no installed entry point loads the plugin (a tree on
 #                              PYTHONPATH only), else nothing (naming it twice would register it twice)
+#   gpu_call_done STATUS [KEEP...]  the last step: every file under $out but summary.txt and KEEP (names in
+#                              $out) into $out/logs.tgz, then exit STATUS. The device tool brings back at most 8
+#                              files of OUT: session 54 lost tree_ab_check.sh's summary among its 20 logs
 
 gpu_call_setup() {
   out=${2:?usage: $1 OUT}
@@ -44,4 +47,17 @@ from importlib.metadata import entry_points
 if not any(ep.value == "pytest_gn.plugin" for ep in entry_points(group="pytest11")):
     print("-p pytest_gn.plugin")
 PY
+}
+
+gpu_call_done() {
+  local status=$1
+  shift
+  step "done (status $status)"
+  local keep=(--exclude=./summary.txt --exclude=./logs.tgz) name
+  for name in "$@"; do keep+=("--exclude=./$name"); done
+  # (packed and removed: the logs stay together in one file, and OUT keeps what a reader opens first)
+  (cd "$out" && tar czf logs.tgz "${keep[@]}" . &&
+    find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name logs.tgz \
+      $(for name in "$@"; do printf '! -name %s ' "$name"; done) -exec rm -rf {} +)
+  exit "$status"
 }

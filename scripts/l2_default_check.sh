@@ -3,7 +3,7 @@
 # compute-sanitizer's four tools with the hints on; the one launch's rows (32x128x256x256, fwd and bwd,
 # GN_ARCH=tasks+bwd1) without and with the hints in alternating rounds, at the automatic stagger and at
 # L2CHECK_STAGGERS; and, with the hints, the backward's one launch against its two launches on the rows where
-# `auto` would have to choose. Logs under OUT, the lines to read in OUT/summary.txt.
+# `auto` would have to choose. Logs in OUT/logs.tgz, the lines to read in OUT/summary.txt.
 #   bash scripts/l2_default_check.sh OUT
 # Environment: L2CHECK_ROUNDS (default 2), L2CHECK_STAGGERS (default "16000:2"), L2CHECK_SKIP_SANITIZE=1,
 # L2CHECK_BWD_SHAPES (time_shapes.py's).
@@ -43,5 +43,4 @@ GN_ARCH=tasks+bwd1 GN_NVCC_FLAGS="${flags[l2]}" timeout 150 python3 scripts/time
   ${L2CHECK_BWD_SHAPES:-1x512x128x128:silu 1x512x256x256:silu 1x256x512x512:silu 32x128x256x256 2x320x64x64:silu} \
   --dtype fp16 --directions bwd --passes 2,1 --json "$out/bwd_passes.json" >"$out/bwd_passes.log" 2>&1 || status=1
 rows "$out/bwd_passes.log"
-step "done (status $status)"
-exit $status
+gpu_call_done $status

@@ -70,5 +70,4 @@ if [ -z "${SMALL_SKIP_MICRO:-}" ]; then
     status=1
   tail -n 30 "$out/micro.log" >>"$out/summary.txt"
 fi
-step "done (status $status)"
-exit $status
+gpu_call_done $status

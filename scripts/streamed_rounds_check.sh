@@ -7,7 +7,7 @@
 # several rounds with each build, one launch (--passes 1) against two (--passes 2), including
 # 32x128x256x256 at a launch budget of 8192 tiles and 1x512x256x256 at a sample budget of 1024 (one team of
 # 256 for 32 and 4 rounds); traces the rounds' phases per block; and times the one-launch backward
-# (GN_ARCH=tasks+bwd1) on the same tilings. Logs under OUT, the lines to read in OUT/summary.txt.
+# (GN_ARCH=tasks+bwd1) on the same tilings. Logs in OUT/logs.tgz, the lines to read in OUT/summary.txt.
 #   bash scripts/streamed_rounds_check.sh OUT
 # Environment: STREAMED_SHAPES (time_shapes.py specs, space-separated); STREAMED_PARTS, the parts to run
 # (default "tests fwd bwd"; "suite", about 10 minutes and so a call of its own, is what making the streamed
@@ -103,5 +103,4 @@ if want suite; then
   GN_NVCC_FLAGS="$S" timeout 500 bash scripts/sanitize.sh "$out/san" >"$out/sanitize.log" 2>&1 || status=1
   tail -n 6 "$out/sanitize.log" >>"$out/summary.txt"
 fi
-step "done (status $status)"
-exit $status
+gpu_call_done $status

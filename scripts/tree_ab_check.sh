@@ -6,7 +6,7 @@
 # same run; the trees' order alternates by round, so neither always runs first), and last runs the
 # candidate's plugin task cases (the overflow cases of its schedule). Optional parts: `suite` (the candidate's
 # whole GPU suite) and `bits` (bits_digest.py in both trees: the same lines, or it says DIFFER).
-# Logs under OUT, the lines to read in OUT/summary.txt.
+# Logs in OUT/logs.tgz, the lines to read in OUT/summary.txt.
 #   git archive exp/streamed-on-chip | tar -x -C .ab/cand   (here, before the call)
 #   bash scripts/tree_ab_check.sh OUT .ab/cand
 # Environment: AB_TIME_SHAPES (time_shapes.py specs, space-separated), AB_ROUNDS (default 2),
@@ -90,5 +90,4 @@ if want cases; then
     >"$out/cases_cand.log" 2>&1 || status=1
   tail -n 2 "$out/cases_cand.log" >>"$out/summary.txt"
 fi
-step "done (status $status)"
-exit $status
+gpu_call_done $status
