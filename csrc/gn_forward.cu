@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOnepass) fwd_onepass(GnArg
 // parameters go to sm.param meanwhile. `flag`: thread 0's flag value from arrive. Ends at a barrier.
 template <typename T>
 __device__ __forceinline__ void team_statistics(const GnArgs& a, int64_t task, bool last, const unsigned& flag,
-                                                const TaskSmem<T>& sm, int round) {
+                                                const TaskSmem<T>& sm, int round, const FirstShift<T>& first) {
   if (last && threadIdx.x == 0) store_release(flags(a, task), flag);  // (its arrival acquired them all)
   if (last && round == 0) trace_point(a, 13);  // (round 0's last member: published, then 14 combined)
   load_task_params(a, task, sm.param);  // (needed only by the apply: off the stats' critical path)
@@ -86,13 +86,16 @@ __device__ __forceinline__ void team_statistics(const GnArgs& a, int64_t task, b
   }
   __syncthreads();
   const int64_t ng0 = task_group0(a, task);
-  group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
-    sm.grp[gl] = make_float2(mean, rstd);
-    if (last) {
-      a.mean[ng0 + gl] = mean;
-      a.rstd[ng0 + gl] = rstd;
-    }
-  });
+  group_stats<T>(
+      a, task,
+      [&](int gl, float mean, float rstd) {
+        sm.grp[gl] = make_float2(mean, rstd);
+        if (last) {
+          a.mean[ng0 + gl] = mean;
+          a.rstd[ng0 + gl] = rstd;
+        }
+      },
+      first);
   if (last && round == 0) trace_point(a, 14);
   __syncthreads();
 }
@@ -103,15 +106,19 @@ __device__ __forceinline__ void team_statistics(const GnArgs& a, int64_t task, b
 // this moves 64 KB, at the cost of the publish's round trip in the wait (which the stream may hide).
 template <typename T>
 __device__ __forceinline__ void team_statistics_published(const GnArgs& a, int64_t task, bool last,
-                                                          const unsigned& flag, const TaskSmem<T>& sm) {
+                                                          const unsigned& flag, const TaskSmem<T>& sm,
+                                                          const FirstShift<T>& first) {
   load_task_params(a, task, sm.param);
   const int64_t ng0 = task_group0(a, task);
   if (last) {
-    group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
-      sm.grp[gl] = make_float2(mean, rstd);
-      a.mean[ng0 + gl] = mean;
-      a.rstd[ng0 + gl] = rstd;
-    });
+    group_stats<T>(
+        a, task,
+        [&](int gl, float mean, float rstd) {
+          sm.grp[gl] = make_float2(mean, rstd);
+          a.mean[ng0 + gl] = mean;
+          a.rstd[ng0 + gl] = rstd;
+        },
+        first);
     __syncthreads();  // (every thread's stores, then thread 0's release)
     if (threadIdx.x == 0) store_release(flags(a, task), flag);
   } else {
@@ -191,6 +198,8 @@ __device__ int64_t member_rounds_streamed(const GnArgs& a, int team, int64_t t0,
   int round = 0;
   for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
     prefetch_task_params(a, task);
+    FirstShift<T> first;
+    first.load(a, task);
     float s1[V], s2[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) s1[v] = s2[v] = 0.f;
@@ -224,9 +233,9 @@ __device__ int64_t member_rounds_streamed(const GnArgs& a, int team, int64_t t0,
       for (int v = 0; v < V; ++v) sm.chan[lane.col * V + v].x = to_float(raw[v]);
     }
 #if GN_EXP_STREAMED_PUBLISH
-    team_statistics_published<T>(a, task, last, flag, sm);
+    team_statistics_published<T>(a, task, last, flag, sm, first);
 #else
-    team_statistics<T>(a, task, last, flag, sm, round);
+    team_statistics<T>(a, task, last, flag, sm, round, first);
 #endif
     trace_point(a, 3 + point);
     const ApplyCoefs<V, kFusedApply<T>> coefs(a, sm.grp, sm.param, lane.col);
@@ -281,6 +290,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
 #endif
     for (int64_t task = team; task < task_count(a); task += a.teams, ++round) {
       prefetch_task_params(a, task);
+      FirstShift<T> first;  // (with the first copies: its round trip off the path after the arrival)
+      first.load(a, task);
       // trace points per round (first 3 rounds): 1 + 4r stats done, 2 + 4r arrived,
       // 3 + 4r statistics in shared memory, 4 + 4r applied (round 3's would take 13-15)
       const int point = round < 3 ? 4 * round : kTracePoints;  // (kTracePoints and above: not traced)
@@ -289,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
       trace_point(a, 1 + point);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &flag);
       trace_point(a, 2 + point);
-      team_statistics<T>(a, task, last, flag, sm, round);
+      team_statistics<T>(a, task, last, flag, sm, round, first);
       trace_point(a, 3 + point);
       reread += member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
       trace_point(a, 4 + point);
@@ -320,10 +331,12 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   const int64_t t0 = member_tile(a, member), t1 = member_tile(a, member + 1);
   if (kTracePrologue) trace_point(a, 9);
   prefetch_task_params(a, task);
-  // weight and bias load with the chunk copies: the barrier's release waits for every
+  // weight, bias and the combine's shifts load with the chunk copies: the barrier's release waits for every
   // earlier load, so loaded after the stats they sat on its critical path (H100: 1-4 % of the small shapes)
   EarlyParams early;
   early.load(a, task);
+  FirstShift<T> first;
+  first.load(a, task);
   const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);
   trace_point(a, 1);
   cluster_barrier();
@@ -337,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
       a.rstd[ng0 + gl] = rstd;
     }
   };
-  group_stats<T>(a, task, emit);
+  group_stats<T>(a, task, emit, first);
   __syncthreads();
   trace_point(a, 3);
   const int reread = member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));

@@ -186,10 +186,10 @@ __device__ __forceinline__ void copy_rows(const T* g, int64_t gstep, T* s, int s
   }
 }
 
-// Weight and bias of the task's channels into shared memory (visible after the next barrier).
-__device__ __forceinline__ void load_task_params(const GnArgs& a, int64_t task, float2* param) {
+// Weight and bias of the task's channels from `from` on into shared memory (visible after the next barrier).
+__device__ __forceinline__ void load_task_params(const GnArgs& a, int64_t task, float2* param, int from = 0) {
   const int64_t c0 = task_c0(a, task);
-  for (int i = threadIdx.x; i < a.window; i += kThreads) {
+  for (int i = from + static_cast<int>(threadIdx.x); i < a.window; i += kThreads) {
     param[i] = make_float2(load_param(a.weight, a.w_dtype, c0 + i, 1.f), load_param(a.bias, a.w_dtype, c0 + i, 0.f));
   }
 }
@@ -199,27 +199,22 @@ __device__ __forceinline__ void load_task_params(const GnArgs& a, int64_t task, 
 // threadIdx.x and threadIdx.x + kThreads, and any beyond (a window wider than 2 * kThreads channels) when
 // stored. What load_task_params stores.
 struct EarlyParams {
-  float2 v[2];
+  ParamBits v[2];  // (converted when stored: a conversion here would wait for its load, ahead of the copies)
   __device__ void load(const GnArgs& a, int64_t task) {
     const int64_t c0 = task_c0(a, task);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int i = threadIdx.x + k * kThreads;
-      v[k] = i < a.window ? make_float2(load_param(a.weight, a.w_dtype, c0 + i, 1.f),
-                                        load_param(a.bias, a.w_dtype, c0 + i, 0.f))
-                          : make_float2(0.f, 0.f);
+      if (i < a.window) v[k].load(a.weight, a.bias, a.w_dtype, c0 + i);
     }
   }
   __device__ void store(const GnArgs& a, int64_t task, float2* param) const {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int i = threadIdx.x + k * kThreads;
-      if (i < a.window) param[i] = v[k];
+      if (i < a.window) param[i] = v[k].value(a.weight, a.bias, a.w_dtype);
     }
-    const int64_t c0 = task_c0(a, task);
-    for (int i = threadIdx.x + 2 * kThreads; i < a.window; i += kThreads) {
-      param[i] = make_float2(load_param(a.weight, a.w_dtype, c0 + i, 1.f), load_param(a.bias, a.w_dtype, c0 + i, 0.f));
-    }
+    if (2 * kThreads < a.window) load_task_params(a, task, param, 2 * kThreads);
   }
 };
 

@@ -148,8 +148,25 @@ static __device__ __noinline__ float2 sum_partials(const float2* p, int lo, int 
   return acc;
 }
 
+// x's first element of the group this thread combines in group_stats' first pass (of the window's first
+// group where it has none), as loaded: its callers load it with the task's first copies, so its round trip
+// overlaps theirs. Loaded in group_stats, it sat between the barrier and the partials' loads (sm_90 SASS:
+// the conversion waits for it ahead of sum_partials' call).
+template <typename T>
+struct FirstShift {
+  T raw;
+  __device__ __forceinline__ void load(const GnArgs& a, int64_t task) {
+    const int gw = groups_per_window(a);
+    const int gl = threadIdx.x >> combine_lanes_log2(gw);
+    const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
+    raw = static_cast<const T*>(a.x)[n * a.s * a.c + c0 + (gl < gw ? gl * channels_per_group(a) : 0)];
+  }
+};
+
+// The task's per-group mean and rstd from its tile partials, in tile order (the same bits in every block
+// that runs it); `first`: this thread's first-pass shift, loaded ahead (FirstShift).
 template <typename T, typename Emit>
-__device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&& emit) {
+__device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&& emit, const FirstShift<T>& first) {
   const float2* parts = task_partials(a, task);
   const int64_t n = task_sample(a, task), c0 = task_c0(a, task);
   const int cpg = channels_per_group(a);
@@ -166,7 +183,7 @@ __device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&
     float2 acc = make_float2(0.f, 0.f);
     float shift = 0.f;
     if (gl < gw) {
-      shift = to_float(static_cast<const T*>(a.x)[n * a.s * a.c + c0 + gl * cpg]);
+      shift = to_float(base == 0 ? first.raw : static_cast<const T*>(a.x)[n * a.s * a.c + c0 + gl * cpg]);
       acc = sum_partials(parts + static_cast<int64_t>(gl) * tiles + j, 0, per_lane, lanes);
     }
     for (int o = lanes / 2; o > 0; o >>= 1) {
@@ -183,14 +200,21 @@ __device__ __forceinline__ void group_stats(const GnArgs& a, int64_t task, Emit&
   }
 }
 
-// The statistics of a task, written to a.mean / a.rstd (the two-pass stats launch's last block).
+// The statistics of a task, written to a.mean / a.rstd (the two-pass stats launch's last block). Its shift
+// loads here, not with the stats' first copies: there it made the two-launch forward 0.2 us slower (H100,
+// sessions 53 and 54), where the one launch gained up to 0.5 us.
 template <typename T>
 __device__ void combine_task(const GnArgs& a, int64_t task) {
   const int64_t ng0 = task_group0(a, task);
-  group_stats<T>(a, task, [&](int gl, float mean, float rstd) {
-    a.mean[ng0 + gl] = mean;
-    a.rstd[ng0 + gl] = rstd;
-  });
+  FirstShift<T> first;
+  first.load(a, task);
+  group_stats<T>(
+      a, task,
+      [&](int gl, float mean, float rstd) {
+        a.mean[ng0 + gl] = mean;
+        a.rstd[ng0 + gl] = rstd;
+      },
+      first);
 }
 
 // The window-local group of each of a thread's V channels (column `col`; the last group for
