@@ -56,7 +56,9 @@ gpu_call_done() {
   local keep=(--exclude=./summary.txt --exclude=./logs.tgz) name
   for name in "$@"; do keep+=("--exclude=./$name"); done
   # (packed and removed: the logs stay together in one file, and OUT keeps what a reader opens first)
-  (cd "$out" && tar czf logs.tgz "${keep[@]}" . &&
+  # (written beside OUT first: a tarball growing inside the folder it packs makes tar fail, "file changed")
+  local packed="$out.logs.$$.tgz"
+  (cd "$out" && tar czf "$packed" "${keep[@]}" . && mv "$packed" logs.tgz &&
     find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name logs.tgz \
       $(for name in "$@"; do printf '! -name %s ' "$name"; done) -exec rm -rf {} +)
   exit "$status"
