@@ -226,6 +226,26 @@ PLANTINGS = {
         "it sums whatever the workspace held (poison, or an earlier launch's partials)",
         "cluster", False,
     ),
+    "task-fwd1-shift-other-task": Planting(
+        "gn_forward.cu", "      first.load(a, task);\n      // trace points per round",
+        "      first.load(a, (task + 1) % task_count(a));  // PLANTED: another task's x as the shift\n"
+        "      // trace points per round",
+        "the one-launch forward's rounds (fwd_task_onepass, FirstShift since session 54): each group's "
+        "combine shifts by the next task's first x instead of its own group's. Mean and rstd stay within "
+        "the fp64 tolerances, but not the bits of the two launches, which shift by the group's own first x "
+        "(the plugin's task cases compare one launch and two bitwise; only plans of several tasks can tell)",
+        "fwd and not x1-", False,
+    ),
+    "cluster-shift-other-task": Planting(
+        "gn_forward.cu",
+        "  first.load(a, task);\n  const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);",
+        "  first.load(a, (task + 1) % task_count(a));  // PLANTED: another task's x as the shift\n"
+        "  const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);",
+        "cluster teams (fwd_task_cluster, sm_90 builds): as task-fwd1-shift-other-task, in the cluster "
+        "forward: within the tolerances, other bits than the cooperative teams' and the two launches' "
+        "(tests/gpu/test_cluster_teams.py compares them bitwise)",
+        "cluster", False,
+    ),
     "streamed-reader-stuck": Planting(
         "gn_forward.cu", "    if (read_task < task_count(a) && lane.active) {",
         "    if (read_task == team && lane.active) {  // PLANTED: the stream never reads past its first task",
