@@ -56,7 +56,7 @@ def run(shape, groups, act, dname, timer) -> list[dict]:
             p = ops.plan(x.shape, groups, x.dtype, "fwd", "auto")
             key = (p.tiling.window, p.tiling.rows_per_tile)
             if key in seen or (cap is not None and p.schedule != 1):
-                continue  # (a capped tiling that overflows runs two launches of the same kind: not asked)
+                continue  # (a capped tiling that `auto` runs as two launches: not what the cap asks)
             seen.add(key)
             with torch.no_grad():
                 y1 = ops.forward(x, w, b, groups, 1e-5, act_id, 1)[0] if p.schedule == 1 else None
