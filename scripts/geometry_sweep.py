@@ -24,7 +24,7 @@ import sys
 
 import task_team_sweep  # (scripts/: the shapes, inputs and command line)
 import torch
-from task_team_sweep import DT, make, timed_row
+from task_team_sweep import case, timed_row
 from window_sweep import windows
 
 import gn_module
@@ -46,10 +46,7 @@ def use_geometry(window: int | None, cap: int | None) -> None:
 
 
 def run(shape, groups, act, dname, timer) -> list[dict]:
-    dtype = DT[dname]
-    x, _, w, b = make(shape, dtype, groups)
-    act_id = 0 if act is None else 1
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    x, _, w, b, act_id, itemsize = case(shape, groups, act, dname)
     os.environ[ops.ENV_ARCH] = "tasks+bwd"
     rows = []
     ref = None
@@ -57,7 +54,7 @@ def run(shape, groups, act, dname, timer) -> list[dict]:
         seen = set()
         for cap in TILE_CAPS:
             use_geometry(window, cap)
-            p = ops.plan(x.shape, groups, dtype, "fwd", "auto")
+            p = ops.plan(x.shape, groups, x.dtype, "fwd", "auto")
             key = (p.tiling.window, p.tiling.rows_per_tile)
             if key in seen or (cap is not None and p.schedule != 1):
                 continue  # (a capped tiling that overflows runs two launches of the same kind: not asked)

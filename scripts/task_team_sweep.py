@@ -50,6 +50,13 @@ def make(shape, dtype, groups):
     return x, dy, w, b
 
 
+def case(shape, groups, act, dname):
+    """x, dy, weight, bias of `make`, the activation's code and x's item size."""
+    dtype = DT[dname]
+    x, dy, w, b = make(shape, dtype, groups)
+    return x, dy, w, b, 0 if act is None else 1, x.element_size()
+
+
 def plan_text(p) -> str:
     """The plan in one line: tasks and tiles, the teams, the grid and the schedule."""
     t = p.teams
@@ -72,13 +79,11 @@ def timed_row(fn, shape, dname: str, direction: str, plan, timer, **fields) -> d
 
 
 def sweep(shape, groups, act, dname, timer) -> list[dict]:
-    dtype = DT[dname]
-    x, dy, w, b = make(shape, dtype, groups)
-    act_id = 0 if act is None else 1
+    x, dy, w, b, act_id, _ = case(shape, groups, act, dname)
     rows = []
     for direction, arch in (("fwd", "tasks"), ("bwd", "tasks+bwd")):
         os.environ[ops.ENV_ARCH] = arch
-        natural = ops.plan(x.shape, groups, dtype, direction, "auto")
+        natural = ops.plan(x.shape, groups, x.dtype, direction, "auto")
         tasks = natural.tiling.tasks
         caps: list[int | None] = [None]
         m = 1
@@ -90,7 +95,7 @@ def sweep(shape, groups, act, dname, timer) -> list[dict]:
                 _, mean, rstd = ops.forward(x, w, b, groups, 1e-5, act_id, "auto")
         for cap in caps:
             with gn_module.max_resident_blocks(cap) if cap else contextlib.nullcontext():
-                p = ops.plan(x.shape, groups, dtype, direction, "auto")
+                p = ops.plan(x.shape, groups, x.dtype, direction, "auto")
                 if direction == "fwd":
 
                     def fn():

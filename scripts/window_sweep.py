@@ -21,7 +21,7 @@ import sys
 
 import task_team_sweep  # (scripts/: the shapes, inputs and command line)
 import torch
-from task_team_sweep import DT, make, timed_row
+from task_team_sweep import case, timed_row
 
 import gn_module
 from gn_module import ops, schedule
@@ -48,10 +48,7 @@ def use_window(w: int | None) -> None:
 
 
 def run(shape, groups, act, dname, timer) -> list[dict]:
-    dtype = DT[dname]
-    x, dy, w, b = make(shape, dtype, groups)
-    act_id = 0 if act is None else 1
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    x, dy, w, b, act_id, itemsize = case(shape, groups, act, dname)
     rows = []
     ref: dict[str, torch.Tensor] = {}
     for window in [None, *windows(shape[1], groups, itemsize)]:
@@ -60,7 +57,7 @@ def run(shape, groups, act, dname, timer) -> list[dict]:
         for direction, arch in (("fwd", "tasks+bwd"), ("bwd", "tasks+bwd"), ("bwd1", "tasks+bwd1")):
             os.environ[ops.ENV_ARCH] = arch
             d = "fwd" if direction == "fwd" else "bwd"
-            p = ops.plan(x.shape, groups, dtype, d, "auto")
+            p = ops.plan(x.shape, groups, x.dtype, d, "auto")
             with torch.no_grad():
                 first = 1 if d == "fwd" and p.schedule == 1 else 2
                 y1, mean, rstd = ops.forward(x, w, b, groups, 1e-5, act_id, first)
