@@ -65,12 +65,14 @@ def test_against_fp64_and_bitwise_equal_across_schedules(shape, groups, dtype, a
     if t == plain(x, groups):
         pytest.skip(f"{dtype}: the plain tiling here ({t.window} channels, {t.tiles_per_task} tiles)")
     assert t.tiles_per_task <= schedule.CLUSTER_MAX_TEAM and t.tiles <= schedule.SMALL_FORWARD_GRID
-    assert p.schedule == 1 and p.teams.rounds == 1 and p.teams.overflow_chunks == 0, p.teams
+    if p.residency >= t.tiles:  # (a GPU that holds its blocks: one round, everything on chip)
+        assert p.schedule == 1 and p.teams.rounds == 1 and p.teams.overflow_chunks == 0, p.teams
     with ops.launch_record() as rec:
         check_against_reference(x, groups, w, b, act, "auto", dy)
     r = rec["fwd"]
-    assert r["plan"] == p and r["schedule"] == 1 and r["tiles_phase1"] == r["tiles_applied"] == p.tiles
-    assert r["chunks_reread"] == 0
+    assert r["plan"] == p and r["schedule"] == p.schedule
+    assert r["tiles_phase1"] == r["tiles_applied"] == p.tiles
+    assert r["chunks_reread"] == schedule.task_reread_chunks(p)
     got = forward(x, w, b, groups, act, 1)
     assert all(torch.equal(a, c) for a, c in zip(got, forward(x, w, b, groups, act, 2), strict=True))
     with ops.cluster_teams(False):
@@ -96,6 +98,8 @@ def test_capped_grids_give_the_same_bits(cap):
 def test_the_cluster_kernel_runs_it():
     x, w, b, _ = make_case((2, 640, 32, 32), 32, torch.float16)
     p = ops.plan(x.shape, 32, x.dtype, "fwd", "auto")
+    if p.residency < p.tiles:
+        pytest.skip(f"this GPU holds {p.residency} blocks of the geometry's {p.tiles}: no one-round clusters")
     assert schedule.cluster_teams_fit(p), p.teams
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         forward(x, w, b, 32, "silu", 0)  # (0: auto)
