@@ -438,7 +438,7 @@ def test_other_forwards_and_every_backward_keep_the_plain_tiling(shape) -> None:
 
 @pytest.mark.parametrize("channels", [128, 256, 320, 640, 960, 1280])
 @pytest.mark.parametrize("itemsize", [2, 4])
-@pytest.mark.parametrize("batch", [1, 2, 4, 8])
+@pytest.mark.parametrize("batch", [1, 2, 4, 8, 16])
 def test_small_forward_rows_is_exactly_where_the_tiling_changes(channels, itemsize, batch) -> None:
     small = schedule.small_forward_rows(channels, 32, itemsize, batch)
     for s in range(1, 3 * schedule.SMALL_FORWARD_TILE_CHUNKS * 8 * 204, 5):

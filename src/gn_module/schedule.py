@@ -744,7 +744,9 @@ def small_forward_rows(
         return range(0)
     if max_tiles_per_task(channels, big.window, batch, "fwd") <= CLUSTER_MAX_TEAM:
         return range(0)
-    first = CLUSTER_MAX_TEAM * big.chunk_rows + 1  # (one-chunk tiles up to there: at most 8 of them)
+    # one-chunk tiles up to there, so at most 8 of them; beyond, more than 8 (tiles > most / 2 where tiles are
+    # taller, and most >= 16 wherever a geometry exists: below, batch x windows > 128 tasks, more than 96)
+    first = CLUSTER_MAX_TEAM * big.chunk_rows + 1
     probe = replace(big, batch=batch)
     last = 0
     for w, most in _small_forward_candidates(probe):
