@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gn_module import ops, schedule
+from gn_module import _abi, ops, schedule
 
 from .test_kernels import check_against_reference, make_case, shape_id
 
@@ -42,7 +42,7 @@ def _task_kernels(monkeypatch):
 
 def forward(x, w, b, groups, act, passes):
     with torch.no_grad():
-        return ops.forward(x, w, b, groups, 1e-5, {None: 0, "silu": 1}[act], passes)
+        return ops.forward(x, w, b, groups, 1e-5, _abi.ACT_CODES[act], passes)
 
 
 def plain(x, groups) -> schedule.TaskTiling | None:
