@@ -37,6 +37,7 @@ TILE_CAPS = (None, 8, 7, 6, 5, 4, 3, 2)
 
 def use_geometry(window: int | None, cap: int | None) -> None:
     schedule.task_window = DEFAULT_WINDOW if window is None else (lambda channels, groups, itemsize: window)
+    schedule.SMALL_FORWARD_GEOMETRY = window is None and cap is None  # (the default row: as launched)
     if cap is None:
         schedule.max_tiles_per_task = DEFAULT_MAX_TILES
     else:

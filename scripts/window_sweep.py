@@ -43,6 +43,7 @@ def windows(channels: int, groups: int, itemsize: int) -> list[int]:
 
 def use_window(w: int | None) -> None:
     schedule.task_window = DEFAULT_WINDOW if w is None else (lambda channels, groups, itemsize: w)
+    schedule.SMALL_FORWARD_GEOMETRY = w is None  # (a window asked for, also for a small forward)
     ops._launches.clear()
 
 

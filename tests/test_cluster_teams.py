@@ -45,8 +45,11 @@ def test_plans_that_fit() -> None:
     assert not schedule.cluster_teams_fit(schedule.make_task_plan(t, 2, 6, 264))  # two launches
     several_rounds = schedule.make_task_plan(t, 1, 6, 264, cap=12)
     assert several_rounds.teams.rounds > 1 and not schedule.cluster_teams_fit(several_rounds)
-    big = schedule.make_task_plan(schedule.task_tiling(320, 32, 4096, 2, "fwd", batch=2), 1, 6, 264)
+    big = schedule.make_task_plan(schedule.task_tiling(320, 32, 96 * 96, 2, "fwd", batch=2), 1, 6, 264)
     assert big.teams.team_size > schedule.CLUSTER_MAX_TEAM and not schedule.cluster_teams_fit(big)
+    # 2x320x64x64 takes the small forward's geometry: 16 tasks of 6 tiles, one cluster each
+    small = schedule.make_task_plan(schedule.task_tiling(320, 32, 64 * 64, 2, "fwd", batch=2), 1, 6, 264)
+    assert (small.teams.team_size, small.teams.teams) == (6, 16) and schedule.cluster_teams_fit(small)
     bwd = schedule.make_task_plan(schedule.task_tiling(1280, 32, 256, 2, "bwd", batch=2), 1, 3, 264)
     assert not schedule.cluster_teams_fit(bwd)
 
@@ -68,7 +71,8 @@ def test_only_plans_that_fit_ask_for_it() -> None:
     with ops.cluster_teams():
         assert flag(passes=2) == 0  # the two-launch forward
         assert flag(direction="bwd", passes=2) == 0
-        assert flag((2, 320, 64, 64)) == 0  # teams of 66
+        assert flag((2, 320, 96, 96)) == 0  # teams of 64
+        assert flag((2, 320, 64, 64)) == 1  # the small forward's teams of 6
         assert flag(cap=12) == 0  # several rounds per team
         assert flag(cap=96) == 1  # one round still: the same plan as uncapped
 

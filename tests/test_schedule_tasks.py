@@ -358,7 +358,10 @@ def test_fast_divisor_divides_every_kernel_operand() -> None:
         ((32, 128, 65536), True, False),  # several rounds: not a one-round plan
     ],
 )
-def test_one_chunk_flag_teams_take_two_launches_where_the_apply_is_dependent(shape, clusters, loses) -> None:
+def test_one_chunk_flag_teams_take_two_launches_where_the_apply_is_dependent(
+    shape, clusters, loses, monkeypatch
+) -> None:
+    monkeypatch.setattr(schedule, "SMALL_FORWARD_GEOMETRY", False)  # (the plain tiling's one-chunk teams)
     n, c, s = shape
     t = schedule.task_tiling(c, 32, s, 2, "fwd", batch=n)
     slots = schedule.task_slots(t, schedule.task_smem_budget(profiles.get_profile("H200")))
@@ -379,3 +382,83 @@ def test_a_team_of_one_keeps_its_one_launch() -> None:
     assert teams.team_size == 1 and teams.chunks_per_member == 1
     assert not schedule.flag_teams_lose(t, teams, False)
     assert schedule.choose_task_schedule(t, 264, 6, dependent_apply=True) == 1
+
+
+def plain_tiling(*args, **kwargs) -> schedule.TaskTiling | None:
+    """`task_tiling` without the small forward's geometry."""
+    saved = schedule.SMALL_FORWARD_GEOMETRY
+    schedule.SMALL_FORWARD_GEOMETRY = False
+    try:
+        return schedule.task_tiling(*args, **kwargs)
+    finally:
+        schedule.SMALL_FORWARD_GEOMETRY = saved
+
+
+@pytest.mark.parametrize(
+    ("shape", "window", "rows_per_tile", "tiles"),
+    [
+        ((2, 640, 32 * 32), 80, 200, 6),  # session 55, H100: 15.46 -> 12.75 us (clusters of 6)
+        ((2, 320, 64 * 64), 40, 816, 6),  # 17.60 -> 16.78 us
+    ],
+)
+def test_the_measured_small_forwards_take_their_geometry(shape, window, rows_per_tile, tiles) -> None:
+    n, c, s = shape
+    t = schedule.task_tiling(c, 32, s, 2, "fwd", batch=n)
+    assert (t.window, t.rows_per_tile, t.tiles_per_task, t.tiles) == (window, rows_per_tile, tiles, 96)
+    assert plain_tiling(c, 32, s, 2, "fwd", batch=n).tiles_per_task > schedule.CLUSTER_MAX_TEAM
+    slots = schedule.task_slots(t, schedule.task_smem_budget(profiles.get_profile("H200")))
+    plan = schedule.make_task_plan(t, 1, slots, 264)
+    assert plan.teams.overflow_chunks == 0 and schedule.cluster_teams_fit(plan)
+    assert schedule.choose_task_schedule(t, 264, slots, dependent_apply=True, clusters=True) == 1
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 1280, 16 * 16),  # already 16 clusters of 6
+        (1, 512, 128 * 128),  # 4 teams of 64 won against every other geometry
+        (16, 768, 8 * 8),
+        (1, 128, 64 * 64),  # no geometry of 88-96 blocks
+        (32, 128, 256 * 256),
+    ],
+)
+def test_other_forwards_and_every_backward_keep_the_plain_tiling(shape) -> None:
+    n, c, s = shape
+    for itemsize in (2, 4):
+        t = schedule.task_tiling(c, 32, s, itemsize, "fwd", batch=n)
+        assert t == plain_tiling(c, 32, s, itemsize, "fwd", batch=n)
+    for small in ((2, 640, 32 * 32), (2, 320, 64 * 64), shape):
+        n, c, s = small
+        assert schedule.task_tiling(c, 32, s, 2, "bwd", batch=n) == plain_tiling(c, 32, s, 2, "bwd", batch=n)
+    # the scalar path (rows not of 16-byte vectors) keeps its tiling too
+    assert schedule.task_tiling(640, 32, 1024, 2, "fwd", batch=2, aligned=False) == plain_tiling(
+        640, 32, 1024, 2, "fwd", batch=2, aligned=False
+    )
+
+
+@pytest.mark.parametrize("channels", [128, 256, 320, 640, 960, 1280])
+@pytest.mark.parametrize("itemsize", [2, 4])
+@pytest.mark.parametrize("batch", [1, 2, 4, 8, 16])
+def test_small_forward_rows_is_exactly_where_the_tiling_changes(channels, itemsize, batch) -> None:
+    small = schedule.small_forward_rows(channels, 32, itemsize, batch)
+    for s in range(1, 3 * schedule.SMALL_FORWARD_TILE_CHUNKS * 8 * 204, 5):
+        t = schedule.task_tiling(channels, 32, s, itemsize, "fwd", batch=batch)
+        plain = plain_tiling(channels, 32, s, itemsize, "fwd", batch=batch)
+        assert (t != plain) == (s in small), (s, small, t, plain)
+        if t != plain:
+            assert t.tiles_per_task <= schedule.CLUSTER_MAX_TEAM < plain.tiles_per_task
+            assert t.chunks_per_tile <= schedule.SMALL_FORWARD_TILE_CHUNKS
+            assert t.tiles <= schedule.SMALL_FORWARD_GRID and t.window <= plain.window
+            assert t.row_bytes >= schedule.SMALL_FORWARD_ROW_BYTES and t.vec * itemsize == schedule.VEC_BYTES
+            assert (t.window // (channels // 32)) * (channels // 32) == t.window and channels % t.window == 0
+
+
+def test_the_plugin_inverse_leaves_out_the_small_forward_rows() -> None:
+    small = schedule.small_forward_rows(640, 32, 2, 2)
+    assert small, "2x640 fp16 has small-forward rows"
+    found = 0
+    for tiles in range(1, 65):
+        rows = schedule.task_rows_for_tiles(640, 32, 2, tiles, 1, batch=2)  # (checks its ends itself)
+        assert not set(rows) & set(small)
+        found += bool(rows)
+    assert found  # (the tiles beyond the small rows' tilings are still there)

@@ -24,7 +24,7 @@ grid       ``min(tiles, residency, cap)``; ``overflow_tiles = tiles - grid`` are
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 #: Threads per block of every kernel.
 THREADS = 256
@@ -604,7 +604,8 @@ def task_tiling(
 ) -> TaskTiling | None:
     """The task tiling, or None when the task kernels do not cover the shape (a window wider than
     THREADS vectors, an empty tensor, or 2**31 tasks or rows per tile). `wide_itemsize`: see
-    `TaskTiling.wide_itemsize` (the tiling is x's; a wide backward's slots hold float32 dy)."""
+    `TaskTiling.wide_itemsize` (the tiling is x's; a wide backward's slots hold float32 dy).
+    A small forward may take another window and fewer, taller tiles (`small_forward_tiling`)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if channels < 1 or groups < 1 or channels % groups:
@@ -612,6 +613,26 @@ def task_tiling(
     if rows < 1 or batch < 1:
         return None
     window = task_window(channels, groups, itemsize)
+    most = max_tiles_per_task(channels, window, batch, direction)
+    t = _tiling_at(channels, groups, rows, itemsize, direction, batch, aligned, wide_itemsize, window, most)
+    if t is not None and direction == "fwd" and SMALL_FORWARD_GEOMETRY:
+        return small_forward_tiling(t) or t
+    return t
+
+
+def _tiling_at(
+    channels: int,
+    groups: int,
+    rows: int,
+    itemsize: int,
+    direction: str,
+    batch: int,
+    aligned: bool,
+    wide_itemsize: int,
+    window: int,
+    most: int,
+) -> TaskTiling | None:
+    """`task_tiling` of a given window and at most `most` tiles per task (beyond that, taller tiles)."""
     full = VEC_BYTES // itemsize
     vec = full if (aligned and (window * itemsize) % VEC_BYTES == 0) else 1
     cols = window // vec
@@ -620,7 +641,7 @@ def task_tiling(
     rows_threads = THREADS // cols
     # Chunks are whole rows-thread strides (a thread keeps its rows across chunks); tiles are
     # whole chunks, at least one chunk of the full height, and as many as keep a task within
-    # max_tiles_per_task tiles.
+    # `most` tiles.
     per_thread = chunk_rows_per_thread(vec, itemsize)
     full_rows = min(per_thread * rows_threads, _round_up(rows, rows_threads))
     if direction == "bwd" and wide_itemsize > itemsize:
@@ -632,7 +653,6 @@ def task_tiling(
         per_thread = max(1, per_thread // 2)
     chunk_rows = per_thread * rows_threads
     chunk_rows = min(chunk_rows, _round_up(rows, rows_threads))
-    most = max_tiles_per_task(channels, window, batch, direction)
     rows_per_tile = max(full_rows, _round_up(-(-rows // most), chunk_rows))
     rows_per_tile = min(rows_per_tile, rows)
     if batch * (channels // window) >= 2**31 or rows_per_tile >= 2**31:
@@ -653,6 +673,87 @@ def task_tiling(
         chunk_rows=chunk_rows,
         wide_itemsize=wide_itemsize if wide_itemsize != itemsize else 0,
     )
+
+
+#: The small forward's geometry (`small_forward_tiling`; the sweeps turn it off to time the plain one).
+#: Measured on an H100 (RESULTS.md session 55, scripts/geometry_sweep.py, fp16 SiLU, us, flushed L2):
+#: 2x640x32x32 15.46 as 8 tasks of 22 one-chunk tiles (two launches) -> 12.75 as 16 tasks of 80 channels
+#: in 6 tiles of 2 chunks (clusters of 6, 96 blocks); 2x320x64x64 17.60 as 4 teams of 66 -> 16.78 as 16
+#: tasks of 40 channels in 6 tiles of 4 chunks (96 blocks). Every other geometry of those shapes was
+#: slower, and those of 2x1280x16x16 (already 16 clusters of 6) and 1x512x128x128 (4 teams of 64) too.
+SMALL_FORWARD_GEOMETRY = True
+#: Blocks of a small forward's geometry (tasks x its most tiles per task): grids of 96 won all three shapes
+#: above (as in the bare chains of scripts/chain_floor.py: 16 clusters of 6); smaller ones lost on
+#: 2x320x64x64 (18.35 us at 80 blocks, 19.44 at 64, against 17.60), so none below 88.
+SMALL_FORWARD_GRID = 96
+SMALL_FORWARD_MIN_GRID = 88
+#: Most chunks of one of its tiles (a member keeps all of them on chip: 4 of 16 KB fit every profile).
+SMALL_FORWARD_TILE_CHUNKS = 4
+#: Narrowest row of its windows: 80 bytes (40 channels in 16 bits) won 2x320x64x64; 64-byte and narrower
+#: rows lost everywhere (sessions 9 and 24).
+SMALL_FORWARD_ROW_BYTES = 80
+
+
+def _small_forward_candidates(t: TaskTiling) -> list[tuple[int, int]]:
+    """(window, most tiles per task) of every small-forward geometry of the default tiling `t`'s shape:
+    windows no wider than t's of whole groups, 16-byte rows of at least SMALL_FORWARD_ROW_BYTES, and teams
+    of at most CLUSTER_MAX_TEAM whose blocks (batch x windows x most tiles: the shape's, whatever its rows)
+    are SMALL_FORWARD_MIN_GRID to SMALL_FORWARD_GRID."""
+    cpg = t.channels // t.groups
+    found = []
+    for w in range(cpg, t.window + 1, cpg):
+        if t.channels % w or (w * t.itemsize) % VEC_BYTES or w * t.itemsize < SMALL_FORWARD_ROW_BYTES:
+            continue
+        tasks = t.batch * (t.channels // w)
+        most = min(CLUSTER_MAX_TEAM, SMALL_FORWARD_GRID // tasks)
+        if tasks * most >= SMALL_FORWARD_MIN_GRID:
+            found.append((w, most))
+    return found
+
+
+def small_forward_tiling(t: TaskTiling) -> TaskTiling | None:
+    """Another tiling for the default forward tiling `t` of a small tensor, or None: where `t`'s tasks
+    have more tiles than a thread-block cluster holds (CLUSTER_MAX_TEAM), the geometry
+    (`_small_forward_candidates`) whose tiles hold at most SMALL_FORWARD_TILE_CHUNKS chunks with the most
+    blocks, the wider window among equals. Its teams fit clusters where the device holds them (the grid is
+    the shape's, never the device's: the bits are the same on every GPU and cap). Only the 16-byte vector
+    path; the plugin's inverse is `small_forward_rows`."""
+    if t.direction != "fwd" or t.vec * t.itemsize != VEC_BYTES or t.tiles_per_task <= CLUSTER_MAX_TEAM:
+        return None
+    best: tuple[tuple[int, int], TaskTiling] | None = None
+    for w, most in _small_forward_candidates(t):
+        args = (t.channels, t.groups, t.rows, t.itemsize, "fwd", t.batch, True, t.wide_itemsize)
+        c = _tiling_at(*args, w, most)
+        if c is None or c.chunks_per_tile > SMALL_FORWARD_TILE_CHUNKS:
+            continue
+        key = (c.tasks * most, w)
+        if best is None or key > best[0]:
+            best = (key, c)
+    return None if best is None else best[1]
+
+
+def small_forward_rows(
+    channels: int, groups: int, itemsize: int, batch: int = 1, aligned: bool = True
+) -> range:
+    """The rows per sample S whose forward takes `small_forward_tiling`, an interval: from where the default
+    tasks have more than CLUSTER_MAX_TEAM tiles to the last S at which some geometry's tiles hold at most
+    SMALL_FORWARD_TILE_CHUNKS chunks (a geometry of at most k tiles of chunk height h holds S <= 4 h k;
+    below that bound, so does every shorter S)."""
+    big = task_tiling(channels, groups, 1 << 30, itemsize, "fwd", aligned=aligned)
+    if not SMALL_FORWARD_GEOMETRY or big is None or big.vec * itemsize != VEC_BYTES:
+        return range(0)
+    if max_tiles_per_task(channels, big.window, batch, "fwd") <= CLUSTER_MAX_TEAM:
+        return range(0)
+    # one-chunk tiles up to there, so at most 8 of them; beyond, more than 8 (tiles > most / 2 where tiles are
+    # taller, and most >= 16 wherever a geometry exists: below, batch x windows > 128 tasks, more than 96)
+    first = CLUSTER_MAX_TEAM * big.chunk_rows + 1
+    probe = replace(big, batch=batch)
+    last = 0
+    for w, most in _small_forward_candidates(probe):
+        c = _tiling_at(channels, groups, 1 << 30, itemsize, "fwd", batch, True, 0, w, most)
+        if c is not None:
+            last = max(last, SMALL_FORWARD_TILE_CHUNKS * c.chunk_rows * most)
+    return range(first, last + 1) if last >= first else range(0)
 
 
 def task_smem_bytes(t: TaskTiling, slots: int) -> int:
@@ -1154,6 +1255,12 @@ def task_rows_for_tiles(
         lo, hi = max(lo, cr - rt + 1), min(hi, most * cr)  # shorter slices get shorter chunks
     else:
         lo, hi = max(lo, most * (q - 1) * cr + 1), min(hi, most * q * cr)
+    if direction == "fwd":  # (not the rows whose forward takes the small geometry)
+        small = small_forward_rows(channels, groups, itemsize, batch, aligned)
+        if small and lo in small:
+            lo = max(lo, small.stop)
+        if small and hi in small:
+            return range(0)
     if lo > hi:
         return range(0)
     for rows in (lo, hi):

@@ -38,6 +38,15 @@ def _task_kernels(monkeypatch):
         yield
 
 
+@pytest.fixture
+def plain_tiling(monkeypatch):
+    """The forward's plain tiling (no small-forward geometry); the cached launches do not know the setting."""
+    monkeypatch.setattr(schedule, "SMALL_FORWARD_GEOMETRY", False)
+    ops._launches.clear()
+    yield
+    ops._launches.clear()
+
+
 def sm90_code() -> bool:
     return ops.runtime_cuda_arch() >= 900
 
@@ -84,8 +93,9 @@ def test_the_cluster_kernel_runs_where_the_plan_fits(shape, groups):
 
 
 @pytest.mark.parametrize("cap", [32, 64])
-def test_capped_teams_of_one_round(cap):
-    # teams of 4 and 8 members holding 6 and 3 chunks each: still one round, still clusters
+def test_capped_teams_of_one_round(cap, plain_tiling):
+    # teams of 4 and 8 members holding 6 and 3 chunks each: still one round, still clusters (the plain
+    # tiling's 8 tasks of 22 one-chunk tiles: a small forward's geometry would give this shape 16 tasks of 6)
     x, w, b, dy = make_case((1, 1280, 32, 32), 32, torch.float16)
     with ops.max_resident_blocks(cap):
         p = ops.plan(x.shape, 32, x.dtype, "fwd", 1)

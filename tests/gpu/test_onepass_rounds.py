@@ -47,6 +47,9 @@ def case_id(value: object) -> str:
 def _task_kernels(monkeypatch):
     monkeypatch.setenv(ops.ENV_ARCH, "tasks+bwd")
     monkeypatch.delenv(ops.ENV_STAGGER, raising=False)
+    # the cases' tilings (the chunk counts above) are the plain ones; tests/gpu/test_small_forward.py
+    # runs the small forward's geometry (schedule.small_forward_tiling)
+    monkeypatch.setattr(schedule, "SMALL_FORWARD_GEOMETRY", False)
     ops._launches.clear()
     with ops.poison_outputs():
         yield
