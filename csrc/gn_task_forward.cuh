@@ -83,9 +83,14 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
   walk_ring_forwards(
       chunks, ring > 0 ? min(ring, a.slots) : a.slots,
       [&](int q, int slot) {
-        if (lane.active)
-          copy_rows<T, V, kChunkRowsPerThread<T, V>, kHinted>(base + tc.offset(q), gstep, mine + slot * sm.slot_elems,
-                                                              sstep, rt, tc.limit(q), kHinted ? l2.of(q) : 0);
+        if (!lane.active) return;
+        T* to = mine + slot * sm.slot_elems;
+        if (kHinted && l2.any()) {
+          copy_rows<T, V, kChunkRowsPerThread<T, V>, kHinted>(base + tc.offset(q), gstep, to, sstep, rt, tc.limit(q),
+                                                              l2.of(q));
+        } else {
+          copy_rows<T, V>(base + tc.offset(q), gstep, to, sstep, rt, tc.limit(q));
+        }
       },
       [&]() {
 #pragma unroll

@@ -75,6 +75,9 @@ __device__ __forceinline__ uint64_t l2_evict_first() {
 // are made where a copy needs one: held in registers, the backward's stats spilled on sm_120.)
 struct L2Hints {
   int keep_lo = 0, keep_hi = 0;
+  // Whether any chunk gets a policy other than evict_normal: without, the copies go unhinted (the same
+  // caching), so a member that re-reads nothing selects no policy and moves none to uniform registers.
+  __device__ bool any() const { return keep_lo < keep_hi; }
   __device__ uint64_t of(int q) const {
     uint64_t p;
     if (q >= keep_lo && q < keep_hi) {
