@@ -14,7 +14,12 @@ forward (`auto`), checks its one-launch and two-launch outputs bitwise equal and
 geometry's, and times it (CUDA events, L2 flushed). Distinct tilings only: a cap that gives the same
 tiling as a larger one is skipped, and so is a capped tiling that does not run as one launch.
 
+`--directions bwd` sweeps the backward's geometries the same way (caps BWD_TILE_CAPS: its small rows have
+tasks of 22-86 one-chunk tiles, and every tile's partials are summed in its task's combine), timing
+`auto` from the default forward's statistics and checking it bitwise against the two launches.
+
     python scripts/geometry_sweep.py [--dtype fp16] [--json PATH] [--shapes small|all]
+                                     [--directions fwd|bwd|fwd,bwd]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from gn_module import ops, schedule
 DEFAULT_WINDOW = schedule.task_window
 DEFAULT_MAX_TILES = schedule.max_tiles_per_task
 TILE_CAPS = (None, 8, 7, 6, 5, 4, 3, 2)
+BWD_TILE_CAPS = (None, 32, 24, 16, 12, 8, 6, 4, 2)
 
 
 def use_geometry(window: int | None, cap: int | None) -> None:
@@ -45,49 +51,103 @@ def use_geometry(window: int | None, cap: int | None) -> None:
     ops._launches.clear()
 
 
-def run(shape, groups, act, dname, timer) -> list[dict]:
-    x, _, w, b, act_id, itemsize = case(shape, groups, act, dname)
+def run(shape, groups, act, dname, timer, args=None) -> list[dict]:
+    x, dy, w, b, act_id, itemsize = case(shape, groups, act, dname)
     os.environ[ops.ENV_ARCH] = "tasks+bwd"
+    directions = args.directions.split(",") if args is not None else ["fwd"]
     rows = []
-    ref = None
-    for window in [None, *windows(shape[1], groups, itemsize)]:
-        seen = set()
-        for cap in TILE_CAPS:
-            use_geometry(window, cap)
-            p = ops.plan(x.shape, groups, x.dtype, "fwd", "auto")
-            key = (p.tiling.window, p.tiling.rows_per_tile)
-            if key in seen or (cap is not None and p.schedule != 1):
-                continue  # (a capped tiling that `auto` runs as two launches: not what the cap asks)
-            seen.add(key)
-            with torch.no_grad():
-                y1 = ops.forward(x, w, b, groups, 1e-5, act_id, 1)[0] if p.schedule == 1 else None
-                y2 = ops.forward(x, w, b, groups, 1e-5, act_id, 2)[0]
-            same = y1 is None or torch.equal(y1, y2)
-            if ref is None:
-                ref = y2
-            diff = (y2.float() - ref.float()).abs().max().item()
-
-            def fn():
-                with torch.no_grad():
-                    return gn_module.group_norm(x, groups, w, b, 1e-5, act)
-
-            label = "default" if window is None else str(window)
-            row = timed_row(fn, shape, dname, "fwd", p, timer, window=label, tile_cap=cap,
-                            row_bytes=p.tiling.row_bytes, rows_per_tile=p.tiling.rows_per_tile)  # fmt: skip
-            row.update(max_diff_vs_default=diff, passes_bitwise=same)
-            rows.append(row)
-            print(
-                f"{row['shape']:18} w={label:7} {p.tiling.row_bytes:5d} B cap={cap!s:4} rows/tile="
-                f"{p.tiling.rows_per_tile:5d} {row['us']:8.2f} us  diff {diff:.2e}"
-                f" {'same' if same else 'DIFFERENT'}  {row['plan']}",
-                flush=True,
-            )
+    if "fwd" in directions:
+        rows += _sweep_forward(shape, groups, act, dname, timer, x, w, b, act_id, itemsize)
+    if "bwd" in directions:
+        rows += _sweep_backward(shape, groups, dname, timer, x, dy, w, b, act_id, itemsize)
     use_geometry(None, None)
     return rows
 
 
+def _geometries(shape, groups, x, itemsize, direction):
+    """(window, cap, plan) of every distinct tiling of `direction`: the default first, then each window
+    and cap; the forward's capped tilings only where `auto` runs them as one launch."""
+    for window in [None, *windows(shape[1], groups, itemsize)]:
+        seen = set()
+        for cap in TILE_CAPS if direction == "fwd" else BWD_TILE_CAPS:
+            use_geometry(window, cap)
+            p = ops.plan(x.shape, groups, x.dtype, direction, "auto")
+            key = (p.tiling.window, p.tiling.rows_per_tile)
+            if key in seen or (direction == "fwd" and cap is not None and p.schedule != 1):
+                continue  # (a capped tiling that `auto` runs as two launches: not what the cap asks)
+            seen.add(key)
+            yield window, cap, p
+
+
+def _report(row, label, cap, p, diff, same):
+    print(
+        f"{row['shape']:18} {row['dir']} w={label:7} {p.tiling.row_bytes:5d} B cap={cap!s:4} rows/tile="
+        f"{p.tiling.rows_per_tile:5d} {row['us']:8.2f} us  diff {diff:.2e}"
+        f" {'same' if same else 'DIFFERENT'}  {row['plan']}",
+        flush=True,
+    )
+
+
+def _sweep_forward(shape, groups, act, dname, timer, x, w, b, act_id, itemsize) -> list[dict]:
+    rows = []
+    ref = None
+    for window, cap, p in _geometries(shape, groups, x, itemsize, "fwd"):
+        with torch.no_grad():
+            y1 = ops.forward(x, w, b, groups, 1e-5, act_id, 1)[0] if p.schedule == 1 else None
+            y2 = ops.forward(x, w, b, groups, 1e-5, act_id, 2)[0]
+        same = y1 is None or torch.equal(y1, y2)
+        if ref is None:
+            ref = y2
+        diff = (y2.float() - ref.float()).abs().max().item()
+
+        def fn():
+            with torch.no_grad():
+                return gn_module.group_norm(x, groups, w, b, 1e-5, act)
+
+        label = "default" if window is None else str(window)
+        row = timed_row(fn, shape, dname, "fwd", p, timer, window=label, tile_cap=cap,
+                        row_bytes=p.tiling.row_bytes, rows_per_tile=p.tiling.rows_per_tile)  # fmt: skip
+        row.update(max_diff_vs_default=diff, passes_bitwise=same)
+        rows.append(row)
+        _report(row, label, cap, p, diff, same)
+    return rows
+
+
+def _sweep_backward(shape, groups, dname, timer, x, dy, w, b, act_id, itemsize) -> list[dict]:
+    """The backward (`auto`: two launches, or one where `schedule.l2_backward_one_launch` takes it) at each
+    geometry, from one set of statistics (the default forward's), so that only the backward's summation
+    order moves the bits; `auto` checked bitwise against the two launches."""
+    use_geometry(None, None)
+    with torch.no_grad():
+        _, mean, rstd = ops.forward(x, w, b, groups, 1e-5, act_id, 2)
+    rows = []
+    ref = None
+    for window, cap, p in _geometries(shape, groups, x, itemsize, "bwd"):
+        dx = ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 0)[0]
+        same = torch.equal(dx, ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 2)[0])
+        if ref is None:
+            ref = dx
+        diff = (dx.float() - ref.float()).abs().max().item()
+
+        def fn():
+            return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 0)
+
+        label = "default" if window is None else str(window)
+        row = timed_row(fn, shape, dname, "bwd", p, timer, window=label, tile_cap=cap,
+                        row_bytes=p.tiling.row_bytes, rows_per_tile=p.tiling.rows_per_tile)  # fmt: skip
+        row.update(max_diff_vs_default=diff, passes_bitwise=same)
+        rows.append(row)
+        _report(row, label, cap, p, diff, same)
+    return rows
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--directions", default="fwd", choices=("fwd", "bwd", "fwd,bwd"),
+                    help="the forward's geometries, the backward's, or both (default fwd)")  # fmt: skip
+
+
 def main() -> int:
-    return task_team_sweep.main(run)
+    return task_team_sweep.main(run, add_arguments)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -112,15 +113,20 @@ def sweep(shape, groups, act, dname, timer) -> list[dict]:
     return rows
 
 
-def main(per_shape=None) -> int:
+def main(per_shape=None, add_arguments=None) -> int:
     """Runs `per_shape(shape, groups, act, dtype name, timer) -> rows` (default: the team sweep) over the
-    shapes the command line picks; also window_sweep.py's main."""
+    shapes the command line picks; also window_sweep.py's and geometry_sweep.py's main. `add_arguments(ap)`
+    adds a script's own options, which then reach `per_shape` as the keyword `args`."""
     per_shape = per_shape or sweep
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="fp16", choices=sorted(DT))
     ap.add_argument("--shapes", default="all", choices=("small", "all"))
     ap.add_argument("--json")
+    if add_arguments is not None:
+        add_arguments(ap)
     args = ap.parse_args()
+    if add_arguments is not None:
+        per_shape = functools.partial(per_shape, args=args)
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
     rows = []
     for shape, groups, act in SMALL + (LARGER if args.shapes == "all" else []):
