@@ -79,38 +79,42 @@ def _geometries(shape, groups, x, itemsize, direction):
             yield window, cap, p
 
 
-def _report(row, label, cap, p, diff, same):
-    print(
-        f"{row['shape']:18} {row['dir']} w={label:7} {p.tiling.row_bytes:5d} B cap={cap!s:4} rows/tile="
-        f"{p.tiling.rows_per_tile:5d} {row['us']:8.2f} us  diff {diff:.2e}"
-        f" {'same' if same else 'DIFFERENT'}  {row['plan']}",
-        flush=True,
-    )
-
-
-def _sweep_forward(shape, groups, act, dname, timer, x, w, b, act_id, itemsize) -> list[dict]:
+def _sweep(shape, groups, dname, timer, x, itemsize, direction, check, fn) -> list[dict]:
+    """Times `fn` at each geometry of `direction`; `check(plan) -> (output, bitwise)` gives the output
+    compared with the default geometry's and whether its launches agreed bitwise."""
     rows = []
     ref = None
-    for window, cap, p in _geometries(shape, groups, x, itemsize, "fwd"):
-        with torch.no_grad():
-            y1 = ops.forward(x, w, b, groups, 1e-5, act_id, 1)[0] if p.schedule == 1 else None
-            y2 = ops.forward(x, w, b, groups, 1e-5, act_id, 2)[0]
-        same = y1 is None or torch.equal(y1, y2)
+    for window, cap, p in _geometries(shape, groups, x, itemsize, direction):
+        out, same = check(p)
         if ref is None:
-            ref = y2
-        diff = (y2.float() - ref.float()).abs().max().item()
-
-        def fn():
-            with torch.no_grad():
-                return gn_module.group_norm(x, groups, w, b, 1e-5, act)
-
+            ref = out
+        diff = (out.float() - ref.float()).abs().max().item()
         label = "default" if window is None else str(window)
-        row = timed_row(fn, shape, dname, "fwd", p, timer, window=label, tile_cap=cap,
+        row = timed_row(fn, shape, dname, direction, p, timer, window=label, tile_cap=cap,
                         row_bytes=p.tiling.row_bytes, rows_per_tile=p.tiling.rows_per_tile)  # fmt: skip
         row.update(max_diff_vs_default=diff, passes_bitwise=same)
         rows.append(row)
-        _report(row, label, cap, p, diff, same)
+        print(
+            f"{row['shape']:18} {direction} w={label:7} {p.tiling.row_bytes:5d} B cap={cap!s:4} rows/tile="
+            f"{p.tiling.rows_per_tile:5d} {row['us']:8.2f} us  diff {diff:.2e}"
+            f" {'same' if same else 'DIFFERENT'}  {row['plan']}",
+            flush=True,
+        )
     return rows
+
+
+def _sweep_forward(shape, groups, act, dname, timer, x, w, b, act_id, itemsize) -> list[dict]:
+    def check(p):
+        with torch.no_grad():
+            y1 = ops.forward(x, w, b, groups, 1e-5, act_id, 1)[0] if p.schedule == 1 else None
+            y2 = ops.forward(x, w, b, groups, 1e-5, act_id, 2)[0]
+        return y2, y1 is None or torch.equal(y1, y2)
+
+    def fn():
+        with torch.no_grad():
+            return gn_module.group_norm(x, groups, w, b, 1e-5, act)
+
+    return _sweep(shape, groups, dname, timer, x, itemsize, "fwd", check, fn)
 
 
 def _sweep_backward(shape, groups, dname, timer, x, dy, w, b, act_id, itemsize) -> list[dict]:
@@ -120,25 +124,15 @@ def _sweep_backward(shape, groups, dname, timer, x, dy, w, b, act_id, itemsize) 
     use_geometry(None, None)
     with torch.no_grad():
         _, mean, rstd = ops.forward(x, w, b, groups, 1e-5, act_id, 2)
-    rows = []
-    ref = None
-    for window, cap, p in _geometries(shape, groups, x, itemsize, "bwd"):
-        dx = ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 0)[0]
-        same = torch.equal(dx, ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 2)[0])
-        if ref is None:
-            ref = dx
-        diff = (dx.float() - ref.float()).abs().max().item()
 
-        def fn():
-            return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, 0)
+    def fn(passes=0):
+        return ops.backward(dy, x, w, b, mean, rstd, groups, 1e-5, act_id, passes)
 
-        label = "default" if window is None else str(window)
-        row = timed_row(fn, shape, dname, "bwd", p, timer, window=label, tile_cap=cap,
-                        row_bytes=p.tiling.row_bytes, rows_per_tile=p.tiling.rows_per_tile)  # fmt: skip
-        row.update(max_diff_vs_default=diff, passes_bitwise=same)
-        rows.append(row)
-        _report(row, label, cap, p, diff, same)
-    return rows
+    def check(p):
+        dx = fn()[0]
+        return dx, torch.equal(dx, fn(2)[0])
+
+    return _sweep(shape, groups, dname, timer, x, itemsize, "bwd", check, fn)
 
 
 def add_arguments(ap) -> None:
