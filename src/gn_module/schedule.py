@@ -684,7 +684,9 @@ def _tiling_at(
 SMALL_FORWARD_GEOMETRY = True
 #: Blocks of a small forward's geometry (tasks x its most tiles per task): grids of 96 won all three shapes
 #: above (as in the bare chains of scripts/chain_floor.py: 16 clusters of 6); smaller ones lost on
-#: 2x320x64x64 (18.35 us at 80 blocks, 19.44 at 64, against 17.60), so none below 88.
+#: 2x320x64x64 (18.35 us at 80 blocks, 19.44 at 64, against 17.60), so none below 88. That bounds the
+#: cap's grid, not the realized one: where the rows fill fewer tiles than the cap (8x128x28x28: 16 tasks
+#: x 4 tiles, 64 blocks; 8x256x28x28: 80) the geometry still won, 6-10 % (H100, RESULTS.md session 56).
 SMALL_FORWARD_GRID = 96
 SMALL_FORWARD_MIN_GRID = 88
 #: Most chunks of one of its tiles (a member keeps all of them on chip: 4 of 16 KB fit every profile).
