@@ -7,6 +7,7 @@ the plan each cap gave (members per team, teams, rounds, chunks per member, over
 median (CUDA events, L2 flushed). The backward runs with GN_ARCH=tasks+bwd.
 
     python scripts/task_team_sweep.py [--dtype fp16] [--json PATH] [--shapes small|all]
+                                      [--shape NxCxHxW[:G8][:noact] ...] [--repeats N]
 
 Why: on the H200 the small shapes' time is a latency chain (2x320x64x64 forward: 2.0 us prologue,
 5.7 us stats, 8.9 us waiting for a 132-member team's combine, 3.3 us apply; RESULTS.md), and the
@@ -38,6 +39,26 @@ SMALL = [
     ((1, 512, 128, 128), 32, "silu"),
 ]
 LARGER = [((1, 512, 256, 256), 32, "silu"), ((32, 128, 256, 256), 32, None)]
+
+
+def parse_shape(text: str) -> tuple[tuple[int, ...], int, str | None]:
+    """'8x240x28x28:G8:noact' -> ((8, 240, 28, 28), 8, None); 32 groups and SiLU unless it says."""
+    dims, *opts = text.split(":")
+    groups, act = 32, "silu"
+    for o in opts:
+        if o == "noact":
+            act = None
+        elif o.startswith("G") and o[1:].isdigit():
+            groups = int(o[1:])
+        else:
+            raise argparse.ArgumentTypeError(f"unknown shape option {o!r} in {text!r}")
+    try:
+        shape = tuple(int(d) for d in dims.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NxCxHxW, got {dims!r}") from None
+    if len(shape) < 3:
+        raise argparse.ArgumentTypeError(f"expected at least N, C and one spatial size, got {dims!r}")
+    return shape, groups, act
 
 
 def make(shape, dtype, groups):
@@ -121,6 +142,10 @@ def main(per_shape=None, add_arguments=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="fp16", choices=sorted(DT))
     ap.add_argument("--shapes", default="all", choices=("small", "all"))
+    ap.add_argument("--shape", action="append", type=parse_shape, metavar="NxCxHxW[:G][:noact]",
+                    help="these shapes instead of --shapes' (repeatable; 32 groups, SiLU)")  # fmt: skip
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="sweep the shapes this many times in turn (rows say which: 'repeat')")  # fmt: skip
     ap.add_argument("--json")
     if add_arguments is not None:
         add_arguments(ap)
@@ -128,10 +153,12 @@ def main(per_shape=None, add_arguments=None) -> int:
     if add_arguments is not None:
         per_shape = functools.partial(per_shape, args=args)
     timer = EventTimer(torch.device("cuda", torch.cuda.current_device()))
+    shapes = args.shape or SMALL + (LARGER if args.shapes == "all" else [])
     rows = []
-    for shape, groups, act in SMALL + (LARGER if args.shapes == "all" else []):
-        rows += per_shape(shape, groups, act, args.dtype, timer)
-        torch.cuda.empty_cache()
+    for repeat in range(args.repeats):
+        for shape, groups, act in shapes:
+            rows += [{**r, "repeat": repeat} for r in per_shape(shape, groups, act, args.dtype, timer)]
+            torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

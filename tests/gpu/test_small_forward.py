@@ -80,18 +80,24 @@ def test_against_fp64_and_bitwise_equal_across_schedules(shape, groups, dtype, a
     assert all(torch.equal(a, c) for a, c in zip(got, cooperative, strict=True))
 
 
-@pytest.mark.parametrize("cap", [48, 24, 7])
+@pytest.mark.parametrize("cap", [48, 24, 7, 2, 1])
 def test_capped_grids_give_the_same_bits(cap):
     """Fewer resident blocks: smaller teams holding more chunks, then several rounds, then re-reads (the
-    tiling stays the shape's)."""
+    tiling stays the shape's: 6 tiles of 2 chunks per task). Caps 48-7 keep every chunk on chip where a
+    block holds 4 (the H100's slots); caps 2 and 1 leave members more chunks than slots, the overflow
+    whose partials a member must publish too (session 57: caps 48-7 alone missed the planting
+    task-overflow-drop)."""
     x, w, b, _ = make_case((2, 640, 32, 32), 32, torch.float16, mean=3.0)
     want = forward(x, w, b, 32, "silu", 1)
     with ops.max_resident_blocks(cap), ops.launch_record() as rec:
         p = ops.plan(x.shape, 32, x.dtype, "fwd", 1)
         assert p.grid <= cap and p.tiling.tiles_per_task == 6
         got = forward(x, w, b, 32, "silu", 1)
+    if cap == 1:  # one member holds a task's 12 chunks: more than any block's slots (MAX_SLOTS)
+        assert p.teams.overflow_chunks > 0 and schedule.MAX_SLOTS < 12, p.teams
     r = rec["fwd"]
     assert r["grid"] == p.grid and r["tiles_phase1"] == r["tiles_applied"] == p.tiles
+    assert r["chunks_reread"] == schedule.task_reread_chunks(p)
     assert all(torch.equal(a, c) for a, c in zip(got, want, strict=True))
 
 
