@@ -16,14 +16,21 @@ tiling as a larger one is skipped, and so is a capped tiling that does not run a
 
 `--directions bwd` sweeps the backward's geometries the same way (caps BWD_TILE_CAPS: its small rows have
 tasks of 22-86 one-chunk tiles, and every tile's partials are summed in its task's combine), timing
-`auto` from the default forward's statistics and checking it bitwise against the two launches.
+`auto` from the default forward's statistics and checking it bitwise against the two launches. With
+`--one-launch` it also times, where `auto` takes two launches, the one launch forced ("1") and, where that one
+launch's teams run several rounds, one round of larger teams under a residency cap ("1r"): session 57 found
+8x256x56x56's backward 12 % faster in one launch of one round (taller tiles), where `schedule.choose_teams`
+gives two rounds, no overflow and so two launches. Each row's "run" says which.
 
     python scripts/geometry_sweep.py [--dtype fp16] [--json PATH] [--shapes small|all]
-                                     [--directions fwd|bwd|fwd,bwd]
+                                     [--shape NxCxHxW[:G8][:noact] ...] [--repeats N]
+                                     [--directions fwd|bwd|fwd,bwd] [--one-launch]
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 
@@ -59,7 +66,7 @@ def run(shape, groups, act, dname, timer, args=None) -> list[dict]:
     if "fwd" in directions:
         rows += _sweep_forward(shape, groups, act, dname, timer, x, w, b, act_id, itemsize)
     if "bwd" in directions:
-        rows += _sweep_backward(shape, groups, dname, timer, x, dy, w, b, act_id, itemsize)
+        rows += _sweep_backward(shape, groups, dname, timer, x, dy, w, b, act_id, itemsize, args)
     use_geometry(None, None)
     return rows
 
@@ -79,9 +86,10 @@ def _geometries(shape, groups, x, itemsize, direction):
             yield window, cap, p
 
 
-def _sweep(shape, groups, dname, timer, x, itemsize, direction, check, fn) -> list[dict]:
+def _sweep(shape, groups, dname, timer, x, itemsize, direction, check, fn, variants=None) -> list[dict]:
     """Times `fn` at each geometry of `direction`; `check(plan) -> (output, bitwise)` gives the output
-    compared with the default geometry's and whether its launches agreed bitwise."""
+    compared with the default geometry's and whether its launches agreed bitwise. `variants(plan)` yields
+    further (label, plan, fn, context) to time at a geometry (the backward's forced one launch)."""
     rows = []
     ref = None
     for window, cap, p in _geometries(shape, groups, x, itemsize, direction):
@@ -90,16 +98,21 @@ def _sweep(shape, groups, dname, timer, x, itemsize, direction, check, fn) -> li
             ref = out
         diff = (out.float() - ref.float()).abs().max().item()
         label = "default" if window is None else str(window)
-        row = timed_row(fn, shape, dname, direction, p, timer, window=label, tile_cap=cap,
-                        row_bytes=p.tiling.row_bytes, rows_per_tile=p.tiling.rows_per_tile)  # fmt: skip
-        row.update(max_diff_vs_default=diff, passes_bitwise=same)
-        rows.append(row)
-        print(
-            f"{row['shape']:18} {direction} w={label:7} {p.tiling.row_bytes:5d} B cap={cap!s:4} rows/tile="
-            f"{p.tiling.rows_per_tile:5d} {row['us']:8.2f} us  diff {diff:.2e}"
-            f" {'same' if same else 'DIFFERENT'}  {row['plan']}",
-            flush=True,
-        )
+        runs = [("auto", p, fn, contextlib.nullcontext)]
+        runs += list(variants(p)) if variants is not None else []
+        for run, q, f, context in runs:
+            t = q.tiling
+            with context():
+                row = timed_row(f, shape, dname, direction, q, timer, window=label, tile_cap=cap, run=run,
+                                row_bytes=t.row_bytes, rows_per_tile=t.rows_per_tile)  # fmt: skip
+            row.update(max_diff_vs_default=diff, passes_bitwise=same)
+            rows.append(row)
+            print(
+                f"{row['shape']:18} {direction} w={label:7} {t.row_bytes:5d} B cap={cap!s:4} rows/tile="
+                f"{t.rows_per_tile:5d} {run:4} {row['us']:8.2f} us  diff {diff:.2e}"
+                f" {'same' if same else 'DIFFERENT'}  {row['plan']}",
+                flush=True,
+            )
     return rows
 
 
@@ -117,7 +130,7 @@ def _sweep_forward(shape, groups, act, dname, timer, x, w, b, act_id, itemsize) 
     return _sweep(shape, groups, dname, timer, x, itemsize, "fwd", check, fn)
 
 
-def _sweep_backward(shape, groups, dname, timer, x, dy, w, b, act_id, itemsize) -> list[dict]:
+def _sweep_backward(shape, groups, dname, timer, x, dy, w, b, act_id, itemsize, args=None) -> list[dict]:
     """The backward (`auto`: two launches, or one where `schedule.l2_backward_one_launch` takes it) at each
     geometry, from one set of statistics (the default forward's), so that only the backward's summation
     order moves the bits; `auto` checked bitwise against the two launches."""
@@ -132,12 +145,45 @@ def _sweep_backward(shape, groups, dname, timer, x, dy, w, b, act_id, itemsize) 
         dx = fn()[0]
         return dx, torch.equal(dx, fn(2)[0])
 
-    return _sweep(shape, groups, dname, timer, x, itemsize, "bwd", check, fn)
+    def one_launch(p):
+        """Where `auto` takes two launches: the one launch forced ("1": GN_ARCH=tasks+bwd1, whose `passes=1`
+        runs the one-pass kernel; tasks+bwd runs two launches for it), and where its teams run several
+        rounds, also under the residency cap that leaves one round of teams ("1r": tasks x the most members
+        each, so members hold more chunks and may re-read some)."""
+        if not one_launches or p.schedule == 1:
+            return
+        with one_pass_kernel():
+            forced = ops.plan(x.shape, groups, x.dtype, "bwd", 1)
+        yield "1", forced, functools.partial(fn, 1), one_pass_kernel
+        tasks = forced.tiling.tasks
+        if forced.teams is not None and forced.teams.rounds > 1 and forced.residency >= tasks:
+            cap = tasks * min(forced.tiling.tiles_per_task, forced.residency // tasks)
+            with one_pass_kernel(cap):
+                one_round = ops.plan(x.shape, groups, x.dtype, "bwd", 1)
+            yield "1r", one_round, functools.partial(fn, 1), functools.partial(one_pass_kernel, cap)
+
+    one_launches = args is not None and args.one_launch
+    return _sweep(shape, groups, dname, timer, x, itemsize, "bwd", check, fn, one_launch)
+
+
+@contextlib.contextmanager
+def one_pass_kernel(cap: int | None = None):
+    """GN_ARCH=tasks+bwd1 (the backward's one-pass kernel for `passes=1`) inside, under a residency cap."""
+    saved = os.environ[ops.ENV_ARCH]
+    os.environ[ops.ENV_ARCH] = "tasks+bwd1"
+    try:
+        with gn_module.max_resident_blocks(cap) if cap else contextlib.nullcontext():
+            yield
+    finally:
+        os.environ[ops.ENV_ARCH] = saved
 
 
 def add_arguments(ap) -> None:
     ap.add_argument("--directions", default="fwd", choices=("fwd", "bwd", "fwd,bwd"),
                     help="the forward's geometries, the backward's, or both (default fwd)")  # fmt: skip
+    ap.add_argument("--one-launch", action="store_true",
+                    help="the backward: also time the one launch forced where auto takes two, and in one "
+                    "round of teams where it runs several")  # fmt: skip
 
 
 def main() -> int:
