@@ -83,10 +83,10 @@ def test_against_fp64_and_bitwise_equal_across_schedules(shape, groups, dtype, a
 @pytest.mark.parametrize("cap", [48, 24, 7, 2, 1])
 def test_capped_grids_give_the_same_bits(cap):
     """Fewer resident blocks: smaller teams holding more chunks, then several rounds, then re-reads (the
-    tiling stays the shape's: 6 tiles of 2 chunks per task). Caps 48-7 keep every chunk on chip where a
-    block holds 4 (the H100's slots); caps 2 and 1 leave members more chunks than slots, the overflow
-    whose partials a member must publish too (session 57: caps 48-7 alone missed the planting
-    task-overflow-drop)."""
+    tiling stays the shape's: 6 tiles of 2 chunks per task). Caps 48-7 give members of 2 or 4 chunks, which
+    the H100's blocks keep on chip; cap 2 gives 6 (on chip there too, session 57, but not where shared
+    memory holds fewer slots) and cap 1 gives 12, more than any block holds (MAX_SLOTS): the overflow whose
+    partials a member must publish too (caps 48-7 alone missed the planting task-overflow-drop)."""
     x, w, b, _ = make_case((2, 640, 32, 32), 32, torch.float16, mean=3.0)
     want = forward(x, w, b, 32, "silu", 1)
     with ops.max_resident_blocks(cap), ops.launch_record() as rec:
