@@ -23,7 +23,7 @@ launch's teams run several rounds, one round of larger teams under a residency c
 gives two rounds, no overflow and so two launches. Each row's "run" says which.
 
     python scripts/geometry_sweep.py [--dtype fp16] [--json PATH] [--shapes small|all]
-                                     [--shape NxCxHxW[:G8][:noact] ...] [--repeats N]
+                                     [--shape NxCxHxW[:G8][:silu] ...] [--repeats N]
                                      [--directions fwd|bwd|fwd,bwd] [--one-launch]
 """
 

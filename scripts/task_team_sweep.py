@@ -7,7 +7,7 @@ the plan each cap gave (members per team, teams, rounds, chunks per member, over
 median (CUDA events, L2 flushed). The backward runs with GN_ARCH=tasks+bwd.
 
     python scripts/task_team_sweep.py [--dtype fp16] [--json PATH] [--shapes small|all]
-                                      [--shape NxCxHxW[:G8][:noact] ...] [--repeats N]
+                                      [--shape NxCxHxW[:G8][:silu] ...] [--repeats N]
 
 Why: on the H200 the small shapes' time is a latency chain (2x320x64x64 forward: 2.0 us prologue,
 5.7 us stats, 8.9 us waiting for a 132-member team's combine, 3.3 us apply; RESULTS.md), and the
@@ -42,23 +42,14 @@ LARGER = [((1, 512, 256, 256), 32, "silu"), ((32, 128, 256, 256), 32, None)]
 
 
 def parse_shape(text: str) -> tuple[tuple[int, ...], int, str | None]:
-    """'8x240x28x28:G8:noact' -> ((8, 240, 28, 28), 8, None); 32 groups and SiLU unless it says."""
-    dims, *opts = text.split(":")
-    groups, act = 32, "silu"
-    for o in opts:
-        if o == "noact":
-            act = None
-        elif o.startswith("G") and o[1:].isdigit():
-            groups = int(o[1:])
-        else:
-            raise argparse.ArgumentTypeError(f"unknown shape option {o!r} in {text!r}")
+    """--shape: time_shapes.py's spec (NxCxHxW[:G<groups>][:<activation>], 32 groups, no activation unless
+    it says), as an argparse type."""
+    from time_shapes import parse  # (scripts/, sys.path[0] when run as a script)
+
     try:
-        shape = tuple(int(d) for d in dims.split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NxCxHxW, got {dims!r}") from None
-    if len(shape) < 3:
-        raise argparse.ArgumentTypeError(f"expected at least N, C and one spatial size, got {dims!r}")
-    return shape, groups, act
+        return parse(text)
+    except (SystemExit, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}: {e}") from None
 
 
 def make(shape, dtype, groups):
@@ -142,8 +133,8 @@ def main(per_shape=None, add_arguments=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="fp16", choices=sorted(DT))
     ap.add_argument("--shapes", default="all", choices=("small", "all"))
-    ap.add_argument("--shape", action="append", type=parse_shape, metavar="NxCxHxW[:G][:noact]",
-                    help="these shapes instead of --shapes' (repeatable; 32 groups, SiLU)")  # fmt: skip
+    ap.add_argument("--shape", action="append", type=parse_shape, metavar="NxCxHxW[:G8][:silu]",
+                    help="these shapes instead of --shapes' (repeatable; time_shapes.py specs)")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=1,
                     help="sweep the shapes this many times in turn (rows say which: 'repeat')")  # fmt: skip
     ap.add_argument("--json")

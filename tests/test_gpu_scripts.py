@@ -65,15 +65,20 @@ def test_streamed_rounds_check_names_its_experiments() -> None:
 
 
 def test_sweep_shapes_parse() -> None:
-    """The sweeps' --shape option (task_team_sweep.py's, shared by window_sweep.py and geometry_sweep.py)."""
+    """The sweeps' --shape option (task_team_sweep.py's, shared by window_sweep.py and geometry_sweep.py):
+    time_shapes.py's specs, with argparse's error for a bad one."""
     import argparse
 
-    from script_loader import load_script
+    from script_loader import SCRIPTS, load_script
 
-    sweep = load_script("task_team_sweep")
-    assert sweep.parse_shape("8x256x56x56") == ((8, 256, 56, 56), 32, "silu")
-    assert sweep.parse_shape("8x240x28x28:G8:noact") == ((8, 240, 28, 28), 8, None)
-    assert sweep.parse_shape("2x320x4x16x16:noact") == ((2, 320, 4, 16, 16), 32, None)
-    for bad in ("8x256", "8xAx56x56", "8x256x56x56:G", "8x256x56x56:relu"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            sweep.parse_shape(bad)
+    sys.path.insert(0, str(SCRIPTS))  # (as when run as a script: its folder is sys.path[0])
+    try:
+        sweep = load_script("task_team_sweep")
+        assert sweep.parse_shape("8x256x56x56") == ((8, 256, 56, 56), 32, None)
+        assert sweep.parse_shape("8x240x28x28:G8:silu") == ((8, 240, 28, 28), 8, "silu")
+        assert sweep.parse_shape("2x320x4x16x16:silu") == ((2, 320, 4, 16, 16), 32, "silu")
+        for bad in ("8xAx56x56", "8x256x56x56:G", "8x256x56x56:swish"):
+            with pytest.raises(argparse.ArgumentTypeError):
+                sweep.parse_shape(bad)
+    finally:
+        sys.path.remove(str(SCRIPTS))
