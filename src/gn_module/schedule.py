@@ -826,6 +826,14 @@ def busiest_block(teams: TaskTeams) -> int:
     return teams.rounds * (2 * teams.chunks_per_member + teams.overflow_chunks + ROUND_OVERHEAD_CHUNKS)
 
 
+#: Whether the backward's ties of `busiest_block` go to fewer rounds before the larger grid. On the H100's 264
+#: resident blocks 8x256x56x56 fp16 ties 16 teams of 16 for one round (4 chunks, one re-read) with 8 teams of
+#: 33 for two (2 chunks, none): the larger grid took the two rounds, no overflow, so `auto` two launches (40.7
+#: us); taller tiles that give one round in one launch ran 35.2-37.6 us (RESULTS.md session 57). Teams change
+#: no bits. (Experiment: to be timed against the two launches before it goes to main.)
+BACKWARD_FEWER_ROUNDS = True
+
+
 def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
     """The team size that minimizes the busiest block's traffic (in chunks: read, write, re-read)
     plus a per-round overhead, for `blocks` resident blocks that hold `slots` chunks each; among
@@ -839,8 +847,10 @@ def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
         chunks = -(-t.tiles_per_task // m) * t.chunks_per_tile
         overflow = max(0, chunks - slots)
         candidate = TaskTeams(m, teams, rounds, chunks, overflow)
-        # ties go to the larger grid: the same busiest block, but more SMs streaming
-        cost = (busiest_block(candidate), -m * teams)
+        # ties go to the larger grid: the same busiest block, but more SMs streaming; in the backward, first
+        # to fewer rounds (BACKWARD_FEWER_ROUNDS)
+        fewer = candidate.rounds if BACKWARD_FEWER_ROUNDS and t.direction == "bwd" else 0
+        cost = (busiest_block(candidate), fewer, -m * teams)
         if best is None or cost < best[0]:
             best = (cost, candidate)
     assert best is not None
