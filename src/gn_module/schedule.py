@@ -830,9 +830,9 @@ def busiest_block(teams: TaskTeams) -> int:
 #: resident blocks 8x256x56x56 fp16 ties 16 teams of 16 for one round (4 chunks, one re-read) with 8 teams of
 #: 33 for two (2 chunks, none): the larger grid took the two rounds, no overflow, so `auto` two launches (40.7
 #: us); taller tiles that give one round in one launch ran 35.2-37.6 us (RESULTS.md session 57). Teams change
-#: no bits. With it (H100, session 58, three alternating rounds): 8x256x56x56 41.4 -> 38.1-39.8 us, 4x512x64x64
-#: 45.6 -> 41.3, 16x128x56x56 36.9 -> 33.7-34.2, 32x256x28x28 -9 %, 8x512x64x64 even; fp32 -6 to -7 % where
-#: it changes the plan.
+#: no bits. With it (H100, session 58, three alternating rounds): 8x256x56x56 41.4 -> 38.1-39.8 us,
+#: 4x512x64x64 45.6 -> 41.3, 16x128x56x56 36.9 -> 33.7-34.2, 32x256x28x28 -9 %, 8x512x64x64 even; fp32 -6
+#: to -7 % where it changes the plan.
 BACKWARD_FEWER_ROUNDS = True
 
 
