@@ -384,6 +384,27 @@ def test_a_team_of_one_keeps_its_one_launch() -> None:
     assert schedule.choose_task_schedule(t, 264, 6, dependent_apply=True) == 1
 
 
+@pytest.mark.parametrize("fewer", [True, False])
+def test_backward_ties_go_to_fewer_rounds(fewer: bool, monkeypatch) -> None:
+    """8x256x56x56 fp16 on 264 blocks of 3 slots: 16 teams of 16 for one round (4 chunks, one re-read) tie
+    with 8 teams of 33 for two rounds (2 chunks, none). The backward takes the one round, whose re-read the
+    L2 keeps, so one launch (H100, RESULTS.md session 58: 41.4 -> 38.1-39.8 us); without
+    BACKWARD_FEWER_ROUNDS the larger grid's two rounds and two launches. The forward's ties stay as they
+    were."""
+    monkeypatch.setattr(schedule, "BACKWARD_FEWER_ROUNDS", fewer)
+    t = schedule.task_tiling(256, 32, 56 * 56, 2, "bwd", batch=8)
+    one_round = schedule.TaskTeams(16, 16, 1, 4, 1)
+    two_rounds = schedule.TaskTeams(33, 8, 2, 2, 0)
+    assert schedule.busiest_block(one_round) == schedule.busiest_block(two_rounds)
+    teams = schedule.choose_teams(t, 264, 3)
+    assert teams == (one_round if fewer else two_rounds)
+    keep = schedule.l2_keep_bytes(50 << 20)  # (the H100's L2)
+    assert schedule.choose_task_schedule(t, 264, 3, l2_keep_bytes=keep) == (1 if fewer else 2)
+    monkeypatch.setattr(schedule, "SMALL_FORWARD_GEOMETRY", False)
+    fwd = schedule.task_tiling(256, 32, 56 * 56, 2, "fwd", batch=8)
+    assert schedule.choose_teams(fwd, 264, 3) == two_rounds
+
+
 def plain_tiling(*args, **kwargs) -> schedule.TaskTiling | None:
     """`task_tiling` without the small forward's geometry."""
     saved = schedule.SMALL_FORWARD_GEOMETRY
