@@ -20,7 +20,8 @@ tasks of 22-86 one-chunk tiles, and every tile's partials are summed in its task
 `--one-launch` it also times, where `auto` takes two launches, the one launch forced ("1") and, where that one
 launch's teams run several rounds, one round of larger teams under a residency cap ("1r"): session 57 found
 8x256x56x56's backward 12 % faster in one launch of one round (taller tiles), where `schedule.choose_teams`
-gives two rounds, no overflow and so two launches. Each row's "run" says which.
+gives two rounds, no overflow and so two launches (session 58: "1" lost 8.5-26 % wherever `auto` took two
+launches, and every "1r" row 10-12 us). Each row's "run" says which.
 
     python scripts/geometry_sweep.py [--dtype fp16] [--json PATH] [--shapes small|all]
                                      [--shape NxCxHxW[:G8][:silu] ...] [--repeats N]

@@ -839,7 +839,8 @@ BACKWARD_FEWER_ROUNDS = True
 def choose_teams(t: TaskTiling, blocks: int, slots: int) -> TaskTeams:
     """The team size that minimizes the busiest block's traffic (in chunks: read, write, re-read)
     plus a per-round overhead, for `blocks` resident blocks that hold `slots` chunks each; among
-    equals, the one that launches the most blocks."""
+    equals, in the backward the one of fewer rounds (BACKWARD_FEWER_ROUNDS), then the one that launches the
+    most blocks."""
     if blocks < 1 or slots < 1:
         raise ValueError(f"need blocks >= 1 and slots >= 1, got {blocks} and {slots}")
     best: tuple[float, TaskTeams] | None = None
