@@ -54,6 +54,8 @@ for line in text.splitlines():
     else:
         cur.append(line)
 if cur: blocks.append(cur)
+# (ncu prints each launch's page twice: keep one)
+blocks = [b for i, b in enumerate(blocks) if i == 0 or b != blocks[i - 1]]
 with open(f"{out}/sass_top.txt", "w") as f:
     for b in blocks:
         head = [l for l in b if not l.startswith('"#"') and not l.startswith('"Address"')][:2]
