@@ -430,7 +430,15 @@ __device__ int member_bwd_apply(const GnArgs& a, int64_t task, int64_t t0, int64
       const float2 q = __ldcg(group_sums(a) + ng0 + gl);
       sm.coef[gl] = make_float2(q.x / count, q.y / count);
     }
-    load_bwd_coefs(a, task, sm, lane.col, k);
+    if constexpr (kOneLaunch) {
+      // sm.param and sm.grp still hold this task's: member_bwd_stats loaded them and nothing since writes
+      // them. Loaded again, they were two more L2 round trips with no copy in flight to hide them (the
+      // kept chunks come first).
+      __syncthreads();
+      k.load(a, sm.grp, sm.param, lane.col);
+    } else {
+      load_bwd_coefs(a, task, sm, lane.col, k);
+    }
     int g[V];
     column_groups<V>(a, lane.col, g);
 #pragma unroll

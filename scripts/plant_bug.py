@@ -159,6 +159,17 @@ PLANTINGS = {
         # tests/gpu/test_task_backward_onepass.py: the capped runs and shapes whose members wrap their ring
         "onepass and (caps or 300x257 or 96x96)", False,
     ),
+    "task-bwd1-param-clobbered": Planting(
+        "gn_backward_onepass.cu", "      if (first) trace_point(a, 6);\n",
+        "      if (first) trace_point(a, 6);\n"
+        "      for (int i = threadIdx.x; i < a.window; i += kThreads) {  // PLANTED\n"
+        "        sm.param[i] = make_float2(1.f, 0.f);\n"
+        "      }\n"
+        "      __syncthreads();\n",
+        "task backward one-pass: the task's (weight, bias) in shared memory are overwritten between its "
+        "stats and its apply, which reuses them (exp/bwd1-coefs-kept), so dx is that of weight 1",
+        "onepass", False,
+    ),
     "task-bwd-strips-count": Planting(
         "gn_task_backward.cuh",
         "  const unsigned with_strips = static_cast<unsigned>(strips < count ? strips : count);",

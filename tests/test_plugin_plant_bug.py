@@ -23,6 +23,7 @@ TASK_PLANTING_SOURCES = {
     "task-overflow-drop": "gn_forward.cu",
     "task-bwd-overflow-drop": "gn_backward_tasks.cu",
     "task-bwd1-reread-skip": "gn_backward_onepass.cu",
+    "task-bwd1-param-clobbered": "gn_backward_onepass.cu",
     "task-bwd-strips-count": "gn_backward_tasks.cu",
     "task-bwd-strip-blocks-late": "gn_backward_tasks.cu",
     "task-fwd1-shift-other-task": "gn_forward.cu",
