@@ -274,9 +274,11 @@ def test_two_launch_backward_gets_a_sync_word_per_strip_column() -> None:
     assert schedule.make_task_plan(small, 1, 3, residency=264).sync_words == 3 * small.tasks
     fwd = schedule.task_tiling(1280, 32, 256, 2, "fwd", batch=2)
     assert schedule.make_task_plan(fwd, 2, 3, residency=264).sync_words == 3 * fwd.tasks
-    # a window of 30 channels (groups of 10): one strip of 30 channels per window and sample
+    # one window of 60 channels (groups of 10): two strips per sample, of 32 and 28 channels; more tasks
+    # than columns, so the tasks' words
     odd = schedule.task_tiling(60, 6, 100, 2, "bwd", batch=3)
-    assert schedule.strip_columns(odd) == (60 // odd.window) * -(-odd.window // 32)
+    assert (odd.window, odd.tasks, schedule.strip_columns(odd), schedule.param_strips(odd)) == (60, 3, 2, 6)
+    assert schedule.make_task_plan(odd, 2, 3, residency=264).sync_words == 3 * 3
     assert schedule.column_totals((1 << schedule.GENERATION_BITS) - 1)
     assert not schedule.column_totals(1 << schedule.GENERATION_BITS)
     many = schedule.task_tiling(1280, 32, 1, 2, "bwd", batch=1 << schedule.GENERATION_BITS)
