@@ -266,15 +266,13 @@ __device__ __forceinline__ int64_t bwd_param_strips(const GnArgs& a) {
   return task_count(a) * ((a.window + 31) / 32);
 }
 
-// One strip: the channel sums [n][c] of 32 channels of a task over its tiles. Warp w sums the tiles
+// One strip, the `j`th of `task`: the channel sums [n][c] of 32 channels of a task over its tiles. Warp w sums the tiles
 // [w*P/8, (w+1)*P/8) in order (lane = channel, coalesced), then warp 0 adds the eighths in order
 // (through `fold`, kThreads float2 of shared memory).
-static __device__ void bwd_param_strip(const GnArgs& a, int64_t strip, float2* fold) {
-  const int per_task = static_cast<int>((a.window + 31) / 32);
-  const int64_t task = strip / per_task;
+static __device__ void bwd_param_strip(const GnArgs& a, int64_t task, int j, float2* fold) {
   const int width = static_cast<int>(a.window);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int cl = static_cast<int>(strip % per_task) * 32 + lane;
+  const int cl = j * 32 + lane;
   const int tiles = static_cast<int>(a.tiles_per_task);
   const int lo = warp * tiles / kWarps, hi = (warp + 1) * tiles / kWarps;
   fold[threadIdx.x] = cl < width ? sum_partials(bwd_partials(a, task) + cl, lo, hi, width) : make_float2(0.f, 0.f);
@@ -301,20 +299,16 @@ static __device__ void bwd_param_totals_now(const GnArgs& a) {
   }
 }
 
-// A strip's column: its 32 channels' place among a sample's strips. The column's strips, one per
-// sample, sum the same channels (schedule.strip_columns).
-__device__ __forceinline__ int64_t bwd_strip_column(const GnArgs& a, int64_t strip) {
-  const int per_task = static_cast<int>((a.window + 31) / 32);  // (bwd_param_strip)
-  const int64_t task = strip / per_task;
-  return (task - task_sample(a, task) * windows_per_sample(a)) * per_task + strip % per_task;
+// A strip's column: its 32 channels' place among a sample's strips (strip j of `task`, `per_task`
+// strips a task). The column's strips, one per sample, sum the same channels (schedule.strip_columns).
+__device__ __forceinline__ int64_t bwd_strip_column(const GnArgs& a, int64_t task, int j, int per_task) {
+  return (task - task_sample(a, task) * windows_per_sample(a)) * per_task + j;
 }
 
 // dweight and dbias of one column's channels (warp 0, lane = channel): the same sums over samples, in the
 // same order, as bwd_param_totals_now's, so the same bits.
-static __device__ void bwd_param_column_total(const GnArgs& a, int64_t strip) {
-  const int per_task = static_cast<int>((a.window + 31) / 32);
-  const int64_t task = strip / per_task;
-  const int cl = static_cast<int>(strip % per_task) * 32 + static_cast<int>(threadIdx.x);
+static __device__ void bwd_param_column_total(const GnArgs& a, int64_t task, int j) {
+  const int cl = j * 32 + static_cast<int>(threadIdx.x);
   if (threadIdx.x >= 32 || cl >= a.window) return;
   const int64_t c = task_c0(a, task) + cl;
   const float2 acc = sum_partials(channel_sums(a) + c, 0, static_cast<int>(a.n), static_cast<int>(a.c));
@@ -340,10 +334,14 @@ static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
   const int i = static_cast<int>(blockIdx.x) - first;
   if (i < 0 || i >= strips) return;  // (uniform in the block)
   const bool by_column = a.n < kGeneration;  // (schedule.column_totals)
+  const int per_task = static_cast<int>((a.window + 31) / 32);
   for (int64_t strip = i; strip < strips; strip += count) {
-    bwd_param_strip(a, strip, fold);
-    if (by_column && arrive(columns(a, bwd_strip_column(a, strip)), static_cast<unsigned>(a.n))) {
-      bwd_param_column_total(a, strip);
+    // (task and j once here: recomputed in each helper, the wide bwd_task_apply spilled on sm_80-89)
+    const int64_t task = strip / per_task;
+    const int j = static_cast<int>(strip % per_task);
+    bwd_param_strip(a, task, j, fold);
+    if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), static_cast<unsigned>(a.n))) {
+      bwd_param_column_total(a, task, j);
     }
   }
   if (by_column) return;

@@ -172,8 +172,8 @@ PLANTINGS = {
     ),
     "task-bwd-strips-count": Planting(
         "gn_task_backward.cuh",
-        "    if (by_column && arrive(columns(a, bwd_strip_column(a, strip)), static_cast<unsigned>(a.n))) {",
-        "    if (by_column && arrive(columns(a, bwd_strip_column(a, strip)), "
+        "    if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), static_cast<unsigned>(a.n))) {",
+        "    if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), "
         "static_cast<unsigned>(a.n + 1))) {  // PLANTED: one strip too many",
         "task backward apply launch: each strip column's last strip is awaited as if the batch had one more "
         "sample, so nobody writes the column totals and dweight/dbias keep the workspace's poison (every "
@@ -183,8 +183,8 @@ PLANTINGS = {
     ),
     "task-bwd-column-word": Planting(
         "gn_task_backward.cuh",
-        "  return (task - task_sample(a, task) * windows_per_sample(a)) * per_task + strip % per_task;",
-        "  return strip % per_task;  // PLANTED: the window left out",
+        "  return (task - task_sample(a, task) * windows_per_sample(a)) * per_task + j;",
+        "  return j;  // PLANTED: the window left out",
         "task backward apply launch: a strip's column word leaves out the strip's window, so the windows "
         "of a sample count on the same words; every n-th arrival sums whichever column arrived, some "
         "before all their samples' strips are written, and other columns are never summed: dweight/dbias "
