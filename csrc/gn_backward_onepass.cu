@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
       // every tile's partials of the task are written: this member's strips of its dweight/dbias
       if (a.dweight != nullptr || a.dbias != nullptr) {
         const int per_task = static_cast<int>((a.window + 31) / 32);  // (bwd_param_strip)
-        for (int j = member; j < per_task; j += a.team_size) bwd_param_strip(a, task * per_task + j, sm.scratch);
+        for (int j = member; j < per_task; j += a.team_size) bwd_param_strip(a, task, j, sm.scratch);
       }
       if (first) trace_point(a, 6);
       const int r = with_act(a.act, [&](auto act) {  // (each ends with a barrier)

@@ -266,15 +266,13 @@ __device__ __forceinline__ int64_t bwd_param_strips(const GnArgs& a) {
   return task_count(a) * ((a.window + 31) / 32);
 }
 
-// One strip: the channel sums [n][c] of 32 channels of a task over its tiles. Warp w sums the tiles
+// One strip, the `j`th of `task`: the channel sums [n][c] of 32 channels of a task over its tiles. Warp w sums the tiles
 // [w*P/8, (w+1)*P/8) in order (lane = channel, coalesced), then warp 0 adds the eighths in order
 // (through `fold`, kThreads float2 of shared memory).
-static __device__ void bwd_param_strip(const GnArgs& a, int64_t strip, float2* fold) {
-  const int per_task = static_cast<int>((a.window + 31) / 32);
-  const int64_t task = strip / per_task;
+static __device__ void bwd_param_strip(const GnArgs& a, int64_t task, int j, float2* fold) {
   const int width = static_cast<int>(a.window);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int cl = static_cast<int>(strip % per_task) * 32 + lane;
+  const int cl = j * 32 + lane;
   const int tiles = static_cast<int>(a.tiles_per_task);
   const int lo = warp * tiles / kWarps, hi = (warp + 1) * tiles / kWarps;
   fold[threadIdx.x] = cl < width ? sum_partials(bwd_partials(a, task) + cl, lo, hi, width) : make_float2(0.f, 0.f);
@@ -301,12 +299,33 @@ static __device__ void bwd_param_totals_now(const GnArgs& a) {
   }
 }
 
+// A strip's column: its 32 channels' place among a sample's strips (strip j of `task`, `per_task`
+// strips a task). The column's strips, one per sample, sum the same channels (schedule.strip_columns).
+__device__ __forceinline__ int64_t bwd_strip_column(const GnArgs& a, int64_t task, int j, int per_task) {
+  return (task - task_sample(a, task) * windows_per_sample(a)) * per_task + j;
+}
+
+// dweight and dbias of one column's channels (warp 0, lane = channel): the same sums over samples, in the
+// same order, as bwd_param_totals_now's, so the same bits.
+static __device__ void bwd_param_column_total(const GnArgs& a, int64_t task, int j) {
+  const int cl = j * 32 + static_cast<int>(threadIdx.x);
+  if (threadIdx.x >= 32 || cl >= a.window) return;
+  const int64_t c = task_c0(a, task) + cl;
+  const float2 acc = sum_partials(channel_sums(a) + c, 0, static_cast<int>(a.n), static_cast<int>(a.c));
+  if (a.dbias != nullptr) store_param(a.dbias, a.grad_dtype, c, acc.x);
+  if (a.dweight != nullptr) store_param(a.dweight, a.grad_dtype, c, acc.y);
+}
+
 // The apply launch's strips (bwd_task_apply): the stats launch finished every tile partial, so a block
-// sums its strips before its dx, behind its first copies, and the last of the blocks that have strips
-// writes the totals. (After the dx, as before, the strips and the last block's totals were a chain at
-// the launch's end: 2x1280x16x16's apply launch 14.1 us with them, 7.3 without; RESULTS.md session 9.)
-// With GnArgs::strip_blocks, the blocks [grid, grid + strip_blocks) take the strips instead (one each),
-// and the dx blocks none: then no dx waits for a strip or for the totals.
+// sums its strips before its dx, behind its first copies. (After the dx, as before, the strips and the
+// totals were a chain at the launch's end: 2x1280x16x16's apply launch 14.1 us with them, 7.3 without;
+// RESULTS.md session 9.) With GnArgs::strip_blocks, the blocks [grid, grid + strip_blocks) take the
+// strips instead (one each), and the dx blocks none: then no dx waits for a strip or for the totals.
+// The totals go by column: the last of a column's strips (its word counts them) sums that column's
+// channels over the samples, so they end one L2 round trip after the column's last strip instead of
+// after one block's loop over every channel (2x1280x16x16: 40 columns, 2.8 us; RESULTS.md session 60).
+// Batches of 2**16 samples or more (schedule.column_totals) count every strip's block on one word, and
+// the last block sums every channel.
 static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
   if (a.dweight == nullptr && a.dbias == nullptr) return;
   const int64_t strips = bwd_param_strips(a);
@@ -314,7 +333,18 @@ static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
   const int count = a.strip_blocks > 0 ? a.strip_blocks : static_cast<int>(gridDim.x);
   const int i = static_cast<int>(blockIdx.x) - first;
   if (i < 0 || i >= strips) return;  // (uniform in the block)
-  for (int64_t strip = i; strip < strips; strip += count) bwd_param_strip(a, strip, fold);
+  const bool by_column = a.n < kGeneration;  // (schedule.column_totals)
+  const int per_task = static_cast<int>((a.window + 31) / 32);
+  for (int64_t strip = i; strip < strips; strip += count) {
+    // (task and j once here: recomputed in each helper, the wide bwd_task_apply spilled on sm_80-89)
+    const int64_t task = strip / per_task;
+    const int j = static_cast<int>(strip % per_task);
+    bwd_param_strip(a, task, j, fold);
+    if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), static_cast<unsigned>(a.n))) {
+      bwd_param_column_total(a, task, j);
+    }
+  }
+  if (by_column) return;
   const unsigned with_strips = static_cast<unsigned>(strips < count ? strips : count);
   if (arrive(columns(a, 0), with_strips)) bwd_param_totals_now(a);  // (task 0's column word)
 }

@@ -115,9 +115,11 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 __device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-// Three words per task: an arrival counter, a flag and a column counter (the backward's launches count
-// their blocks on task 0's). The layout does not depend on the launch's task count, so a counter word is
-// never a flag word of an earlier launch with other shapes. schedule.TaskPlan.sync_words.
+// Three words per task: an arrival counter, a flag and a column counter (the one-launch backward counts
+// its blocks on task 0's; the two-launch apply counts strip column k's strips on task k's, so its buffer
+// has max(tasks, strip columns) triples: bwd_param_sums). The layout does not depend on the launch's task
+// count, so a counter word is never a flag word of an earlier launch with other shapes.
+// schedule.TaskPlan.sync_words.
 //
 // Counters are never reset. A launch adds its `expected` arrivals to a word, and the last arriver rounds
 // the word up to the next multiple of kGeneration, so every launch starts there. The counter's high bits

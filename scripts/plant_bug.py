@@ -172,12 +172,23 @@ PLANTINGS = {
     ),
     "task-bwd-strips-count": Planting(
         "gn_task_backward.cuh",
-        "  const unsigned with_strips = static_cast<unsigned>(strips < count ? strips : count);",
-        "  const unsigned with_strips = static_cast<unsigned>(strips);  // PLANTED: strips, not blocks",
-        "task backward apply launch: the last block with dweight/dbias strips is awaited as if every strip "
-        "had its own block, so where a block sums several strips (grids smaller than the strips without "
-        "room for strip blocks: capped runs) nobody writes the totals and dweight/dbias keep the "
-        "workspace's poison",
+        "    if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), static_cast<unsigned>(a.n))) {",
+        "    if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), "
+        "static_cast<unsigned>(a.n + 1))) {  // PLANTED: one strip too many",
+        "task backward apply launch: each strip column's last strip is awaited as if the batch had one more "
+        "sample, so nobody writes the column totals and dweight/dbias keep the workspace's poison (every "
+        "two-launch backward with parameter gradients; from session 60 on, the totals go by column: "
+        "schedule.column_totals)",
+        "bwd-tasks", False,
+    ),
+    "task-bwd-column-word": Planting(
+        "gn_task_backward.cuh",
+        "  return (task - task_sample(a, task) * windows_per_sample(a)) * per_task + j;",
+        "  return j;  // PLANTED: the window left out",
+        "task backward apply launch: a strip's column word leaves out the strip's window, so the windows "
+        "of a sample count on the same words; every n-th arrival sums whichever column arrived, some "
+        "before all their samples' strips are written, and other columns are never summed: dweight/dbias "
+        "wrong or poisoned wherever a sample has several windows",
         "bwd-tasks", False,
     ),
     "task-bwd-strip-blocks-late": Planting(

@@ -82,13 +82,13 @@ if ! skip 4; then
   tail_to_summary "$out/plugin_tasks_bwd_planted.log" 3
   planted "$out/plugin_tasks_bwd_planted.log" "45 failed, 4 passed (bwd-tasks-cap1-x1-fp16-silu-c64g1, \
 bwd-tasks-cap3-x1-bf16-relu-c64g1-batch, bwd-tasks-cap1-x1-bf16-noact-c32g32, bwd-tasks-cap3-x1-fp32-noact-c32g32-batch)"
-  # the apply launch awaits one arrival per dweight/dbias strip instead of per block with strips: red where
-  # a block sums several strips (capped runs), so nobody writes dweight/dbias (session 9; not yet run)
+  # the apply launch awaits one strip too many per dweight/dbias strip column (session 60: the totals go by
+  # column), so nobody writes dweight/dbias: red wherever the cases take parameter gradients
   planted_dir=$(python3 scripts/plant_bug.py task-bwd-strips-count)
   GN_CSRC_DIR="$planted_dir" python3 -m pytest -p xdist -n 8 -q --gn-arch tasks --pyargs pytest_gn.suite \
     -k "bwd-tasks and not bwd-tasks1" >"$out/plugin_tasks_strips_planted.log" 2>&1
   tail_to_summary "$out/plugin_tasks_strips_planted.log" 3
-  planted "$out/plugin_tasks_strips_planted.log" "the cases whose runs give the apply launch fewer blocks than strips"
+  planted "$out/plugin_tasks_strips_planted.log" "the two-launch backward cases with parameter gradients"
   # the one-launch backward never reads again what a member could not keep: red wherever a one-launch
   # run reads chunk pairs again (tests/test_plugin_tasks_bwd1.py names the two that stay green)
   planted_dir=$(python3 scripts/plant_bug.py task-bwd1-reread-skip)

@@ -25,6 +25,7 @@ TASK_PLANTING_SOURCES = {
     "task-bwd1-reread-skip": "gn_backward_onepass.cu",
     "task-bwd1-param-clobbered": "gn_backward_onepass.cu",
     "task-bwd-strips-count": "gn_backward_tasks.cu",
+    "task-bwd-column-word": "gn_backward_tasks.cu",
     "task-bwd-strip-blocks-late": "gn_backward_tasks.cu",
     "task-fwd1-shift-other-task": "gn_forward.cu",
 }

@@ -820,6 +820,20 @@ def param_strips(t: TaskTiling) -> int:
     return t.tasks * -(-t.window // BWD_STRIP_CHANNELS)
 
 
+def strip_columns(t: TaskTiling) -> int:
+    """The backward's strip columns: a sample's strips (csrc bwd_strip_column). A column's strips, one per
+    sample, sum the same channels."""
+    return (t.channels // t.window) * -(-t.window // BWD_STRIP_CHANNELS)
+
+
+def column_totals(batch: int) -> bool:
+    """Whether the two-launch backward's apply sums dweight/dbias by column (csrc bwd_param_sums): the last
+    of a column's strips, counted on the column's sync word, sums its channels over the samples. A count
+    stays below 2**GENERATION_BITS, so larger batches count the strips' blocks on one word, and the last
+    block sums every channel. Same sums in the same order either way."""
+    return batch < 1 << GENERATION_BITS
+
+
 def busiest_block(teams: TaskTeams) -> int:
     """What `choose_teams` minimizes: the busiest block's traffic in chunks (read, write, re-read) plus a
     per-round overhead."""
@@ -1072,8 +1086,13 @@ class TaskPlan:
     @property
     def sync_words(self) -> int:
         """Persistent synchronisation words: (arrivals, flag, column count) per task (csrc
-        kSyncWordsPerTask)."""
-        return SYNC_WORDS_PER_TASK * self.tiling.tasks
+        kSyncWordsPerTask), and for the two-launch backward's column totals (`column_totals`) as many
+        column words as it has strip columns."""
+        t = self.tiling
+        words = t.tasks
+        if self.direction == "bwd" and self.schedule == 2 and column_totals(t.batch):
+            words = max(words, strip_columns(t))
+        return SYNC_WORDS_PER_TASK * words
 
     @property
     def workspace_bytes(self) -> int:

@@ -3,7 +3,8 @@ two-launch task backward's apply launch adds blocks of its own for the dweight/d
 (schedule.TaskPlan.strip_blocks), and its dx blocks leave the strips to them. Against the fp64 reference with
 poisoned outputs, bitwise equal to the launch without them (at the natural residency, where they fit, and
 under caps, where they may not), and the trace shows the extra blocks ran: a launch whose strip blocks skip
-their strips leaves dweight and dbias poisoned."""
+their strips leaves dweight and dbias poisoned. The totals go by strip column below 2**16 samples
+(schedule.column_totals), and by one word for larger batches."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import gn_module
-from gn_module import _abi, ops
+from gn_module import _abi, ops, schedule
 
 from .test_kernels import check_against_reference, make_case, run, shape_id
 
@@ -61,6 +62,23 @@ def test_against_fp64_and_bitwise_equal_without_them(shape, groups, dtype, act):
     with ops.strip_blocks(False):
         plain = run(x, groups, w, b, act, 2, dy)
     for a, b_ in zip(got, plain, strict=True):
+        assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [(1 << schedule.GENERATION_BITS) - 1, 1 << schedule.GENERATION_BITS],
+    ids=["by-column", "one-word"],
+)
+def test_totals_by_column_and_for_batches_of_2_16_samples(batch):
+    # schedule.column_totals: below 2**16 samples each strip column's last strip sums its channels; from
+    # there on the last block with strips sums every channel (a column's count would pass the generation)
+    assert schedule.column_totals(batch) == (batch < 1 << schedule.GENERATION_BITS)
+    x, w, b, dy = make_case((batch, 64, 2, 2), 16, torch.float16)
+    got = check_against_reference(x, 16, w, b, "silu", 2, dy)
+    with ops.max_resident_blocks(7):  # a block sums many strips, one column after another
+        capped = run(x, 16, w, b, "silu", 2, dy)
+    for a, b_ in zip(got, capped, strict=True):
         assert torch.equal(a, b_)
 
 
