@@ -172,7 +172,8 @@ PLANTINGS = {
     ),
     "task-bwd-strips-count": Planting(
         "gn_task_backward.cuh",
-        "    if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), static_cast<unsigned>(a.n))) {",
+        "    if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), "
+        "static_cast<unsigned>(a.n))) {",
         "    if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), "
         "static_cast<unsigned>(a.n + 1))) {  // PLANTED: one strip too many",
         "task backward apply launch: each strip column's last strip is awaited as if the batch had one more "
