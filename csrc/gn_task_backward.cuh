@@ -266,9 +266,9 @@ __device__ __forceinline__ int64_t bwd_param_strips(const GnArgs& a) {
   return task_count(a) * ((a.window + 31) / 32);
 }
 
-// One strip, the `j`th of `task`: the channel sums [n][c] of 32 channels of a task over its tiles. Warp w sums the tiles
-// [w*P/8, (w+1)*P/8) in order (lane = channel, coalesced), then warp 0 adds the eighths in order
-// (through `fold`, kThreads float2 of shared memory).
+// One strip, the `j`th of `task`: the channel sums [n][c] of 32 channels of a task over its tiles. Warp
+// w sums the tiles [w*P/8, (w+1)*P/8) in order (lane = channel, coalesced), then warp 0 adds the eighths
+// in order (through `fold`, kThreads float2 of shared memory).
 static __device__ void bwd_param_strip(const GnArgs& a, int64_t task, int j, float2* fold) {
   const int width = static_cast<int>(a.window);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
