@@ -43,6 +43,24 @@ def test_onepass_backward_against_fp64(shape, groups, dtype, act):
     _check_record(rec["bwd"])
 
 
+@pytest.mark.parametrize(
+    "batch",
+    [(1 << schedule.GENERATION_BITS) - 1, 1 << schedule.GENERATION_BITS],
+    ids=["by-column", "one-word"],
+)
+def test_onepass_totals_by_column_and_for_batches_of_2_16_samples(batch):
+    # the launch's last block sums every channel; in a -DGN_EXP_BWD1_COLUMN_TOTALS=1 build, below 2**16
+    # samples (schedule.column_totals), each strip column's last strip sums its channels instead
+    x, w, b, dy = make_case((batch, 64, 2, 2), 16, torch.float16)
+    with ops.launch_record() as rec:
+        got = check_against_reference(x, 16, w, b, "silu", 1, dy)
+    _check_record(rec["bwd"])
+    with ops.max_resident_blocks(7):  # thousands of rounds: a block counts strips of many tasks at once
+        capped = run(x, 16, w, b, "silu", 1, dy)
+    for a, b_ in zip(got, capped, strict=True):
+        assert torch.equal(a, b_)
+
+
 @pytest.mark.parametrize("cap", [1, 2, 3, 7])
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_onepass_backward_under_caps_rereads_what_the_model_says_with_the_same_bits(dtype, cap):
