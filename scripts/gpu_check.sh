@@ -6,10 +6,13 @@
 #   GN_SKIP_TESTS=1 / GN_SKIP_BENCH=1   leave out the GPU tests / the benchmarks
 #   GN_BENCH_SELECT="-m quick"          which benchmarks (default the quick subset; "" = all 240)
 #   GN_BENCH_STORAGE=.benchmarks        saved runs (any path, relative or absolute)
-#   GN_BENCH_SAVE=1                     also save this run: LOGDIR/storage gets the committed runs plus
-#                                       this one (copy the new file into .benchmarks/ and commit it)
+#   GN_BENCH_SAVE=1                     also save this run, when every benchmark passed: LOGDIR/saved gets it
+#                                       under its history name (`python -m gn_module.bench save`: the next
+#                                       number, the commit, the date); copy LOGDIR/saved/ into .benchmarks/
+#                                       and commit it
 #   GN_GATE_THRESHOLD=10                percent slower (median) that fails the gate, ours only
-#   GN_BENCH_COMMIT=<sha>               the commit, where the tree was copied without (current) git
+#   GN_BENCH_COMMIT=<sha>               the commit (its full sha: the saved run's name), where the tree was
+#                                       copied without (current) git
 set -uo pipefail
 out=${1:?usage: gpu_check.sh LOGDIR [pytest args]}
 shift
@@ -53,15 +56,22 @@ if [ -d benchmarks ] && [ -z "${GN_SKIP_BENCH:-}" ]; then
     # pytest-benchmark compares (and saves) in one storage: use a copy, so the committed folder is
     # only read, and outside the working directory (the case pytest-benchmark's formatting trips on).
     rm -rf "$out/storage" && cp -r "$storage" "$out/storage"
-    save=(); [ -n "${GN_BENCH_SAVE:-}" ] && save=(--benchmark-autosave)
     GN_BENCH_REPS=${GN_BENCH_REPS:-30} GN_BENCH_MAX_SECONDS=${GN_BENCH_MAX_SECONDS:-0.15} \
       python3 -m pytest benchmarks "${select[@]}" -q -p no:cacheprovider \
       --benchmark-storage="file://$out/storage" --benchmark-compare="$(basename "$baseline" | cut -d_ -f1)" \
       --benchmark-json="$out/bench.json" --benchmark-columns=median,iqr,rounds --benchmark-sort=name \
-      "${save[@]}" >"$out/bench.log" 2>&1
+      >"$out/bench.log" 2>&1
     bench_rc=$?
     grep -E "machine_info|passed|failed|error" "$out/bench.log" | tail -n 5 | tee -a "$out/summary.txt"
     [ "$bench_rc" -eq 0 ] || status=1
+    # (the copy only served the comparison; a GPU call's tool brings back a few files, not the history)
+    rm -rf "$out/storage"
+    if [ -n "${GN_BENCH_SAVE:-}" ] && [ "$bench_rc" -eq 0 ]; then
+      step "saved as (copy $out/saved/ into $storage/)"
+      python3 -m gn_module.bench save --storage "$storage" --run "$out/bench.json" --into "$out/saved" 2>&1 |
+        tee -a "$out/summary.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    fi
     step "regression gate (ours only, ${GN_GATE_THRESHOLD:-10} %)"
     python3 -m gn_module.bench gate --storage "$storage" --run "$out/bench.json" \
       --threshold "${GN_GATE_THRESHOLD:-10}" 2>&1 | tee "$out/gate.txt" | tee -a "$out/summary.txt"

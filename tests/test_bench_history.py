@@ -408,7 +408,7 @@ def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float)
     fakes = tmp_path / "fakes"
     run, recheck = write_runs(
         fakes,
-        saved_json({**BASE, key: 1000.0}, "bbb", "2026-11-30T08:00:00"),
+        _machine(saved_json({**BASE, key: 1000.0}, "bbb", "2026-11-30T08:00:00")),
         saved_json({key: again_us}, "bbb", "2026-11-30T08:10:00"),
     )
     bin_dir = tmp_path / "bin"
@@ -427,6 +427,7 @@ def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float)
         GN_FAKE_RECHECK=str(recheck),
         GN_SKIP_TESTS="1",
         GN_BENCH_SELECT="",
+        GN_BENCH_SAVE="1",
     )
     proc = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs")],
@@ -445,6 +446,46 @@ def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float)
         assert "again 510.0 us" in summary and "exit status 0" in summary
     else:
         assert proc.returncode == 1 and "REGRESSION: 1 of our medians" in summary, summary
+    # GN_BENCH_SAVE: the run under its history name (after the one saved run), and no copy of the history
+    saved = tmp_path / "logs" / "saved" / "Linux-CPython-3.12-64bit" / "0002_bbb_20261130_080000.json"
+    assert saved.read_bytes() == run.read_bytes() and str(saved) in summary
+    assert not (tmp_path / "logs" / "storage").exists()
+
+
+def _machine(run: dict[str, Any]) -> dict[str, Any]:
+    """A run as benchmarks/conftest.py saves it on the GPU image (Python 3.12 on x86_64)."""
+    run["machine_info"].update(machine="x86_64", python_implementation="CPython", python_version="3.12.3")
+    return run
+
+
+def test_save_names_a_run_as_autosave_would(tmp_path: Path) -> None:
+    storage = tmp_path / ".benchmarks"
+    write_runs(
+        storage,
+        saved_json(BASE, "aaa", "2026-11-30T07:00:00"),
+        saved_json(BASE, "bbb", "2026-11-30T08:00:00"),
+    )
+    run = tmp_path / "bench.json"
+    sha = "33b0f38039dcfd48e2145f2ce1a5f4acd38ebd3c"
+    run.write_text(json.dumps(_machine(saved_json(BASE, sha, "2026-12-06T18:09:58.348561+00:00"))))
+    name = f"0003_{sha}_20261206_180958.json"
+    assert history.saved_name(storage, run) == storage / "Linux-CPython-3.12-64bit" / name
+    proc = run_cli("save", "--storage", str(storage), "--run", str(run), "--into", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    saved = tmp_path / "out" / "Linux-CPython-3.12-64bit" / name
+    assert proc.stdout.strip() == str(saved) and saved.read_bytes() == run.read_bytes()
+    assert not (storage / "Linux-CPython-3.12-64bit" / name).exists()  # --into: the history itself untouched
+    # into the storage: the next number after it
+    assert run_cli("save", "--storage", str(storage), "--run", str(run)).returncode == 0
+    assert history.saved_name(storage, run).name == f"0004_{sha}_20261206_180958.json"
+    dirty = _machine(saved_json(BASE, "ccc", "2026-12-06T19:00:00"))
+    dirty["commit_info"]["dirty"] = True
+    run.write_text(json.dumps(dirty))
+    assert history.saved_name(storage, run).name == "0004_ccc_20261206_190000_uncommited-changes.json"
+    for bad in ({"commit_info": {}}, {"datetime": ""}):
+        run.write_text(json.dumps({**dirty, **bad}))
+        proc = run_cli("save", "--storage", str(storage), "--run", str(run))
+        assert proc.returncode == 2 and ("commit" in proc.stderr or "start time" in proc.stderr), proc.stderr
 
 
 def test_history_table_and_plot(tmp_path: Path) -> None:

@@ -179,7 +179,7 @@ def run_case(
 
 
 #: Subcommands that read saved pytest-benchmark runs (gn_module.bench.history_cli); no GPU needed.
-SUBCOMMANDS = ("history", "gate", "table")
+SUBCOMMANDS = ("history", "gate", "table", "save")
 #: Model-level training-step benchmark (gn_module.bench.models).
 MODELS_COMMAND = "models"
 

@@ -131,6 +131,40 @@ def newest_run(
     return (same or runs)[-1]
 
 
+def machine_folder(machine_info: Mapping[str, Any]) -> str:
+    """pytest-benchmark's storage subfolder for a run's machine, e.g. ``Linux-CPython-3.12-64bit``."""
+    system = machine_info.get("system", "Linux")
+    implementation = machine_info.get("python_implementation", "CPython")
+    version = ".".join(str(machine_info.get("python_version", "")).split(".")[:2])
+    wide = str(machine_info.get("machine", "")) in ("x86_64", "aarch64", "AMD64", "arm64")
+    bits = "64bit" if wide else "32bit"
+    return f"{system}-{implementation}-{version}-{bits}"
+
+
+def saved_name(storage: str | Path, run_json: str | Path) -> Path:
+    """Where a run (a ``--benchmark-json`` file) goes in the history: the path under `storage` that
+    pytest-benchmark's autosave would give it, numbered after the runs already saved for its machine and
+    named by the commit the run records (``commit_info.id``: benchmarks/conftest.py takes it from
+    GN_BENCH_COMMIT where the tree has no current git) and the run's start,
+    ``NNNN_<commit>_<YYYYMMDD_HHMMSS>[_uncommited-changes].json``."""
+    path = Path(run_json)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read a benchmark run from {path}: {exc}") from exc
+    commit = data.get("commit_info") or {}
+    if not commit.get("id"):
+        raise ValueError(f"{path} records no commit (commit_info.id): set GN_BENCH_COMMIT for the run")
+    when = str(data.get("datetime", ""))
+    stamp = when[:19].replace("-", "").replace(":", "").replace("T", "_")
+    if len(stamp) != 15:
+        raise ValueError(f"{path} has no start time (datetime: {when!r})")
+    folder = storage_path(storage) / machine_folder(data.get("machine_info") or {})
+    numbers = [int(p.name[:4]) for p in folder.glob("[0-9][0-9][0-9][0-9]_*.json")] if folder.is_dir() else []
+    dirty = "_uncommited-changes" if commit.get("dirty") else ""  # (pytest-benchmark's spelling)
+    return folder / f"{max(numbers, default=0) + 1:04d}_{commit['id']}_{stamp}{dirty}.json"
+
+
 def parse_gpu(spec: str) -> tuple[str, int]:
     """`NAME:SMS` (torch's device name and SM count, e.g. "NVIDIA H200:132") as `run_gpu` gives it."""
     name, _, sms = spec.rpartition(":")

@@ -1,4 +1,4 @@
-"""`python -m gn_module.bench history|gate|table`: saved runs, no GPU needed.
+"""`python -m gn_module.bench history|gate|table|save`: saved runs, no GPU needed.
 
 history: every saved run under --storage, per (shape, dtype, direction): ours in us and in fraction of
 SOL across runs (commit, date), with the speedup over the best torch.compile of the same run;
@@ -16,12 +16,19 @@ table: one saved run (--run, default the newest) as Markdown tables, one per dty
 implementation's median, and for ours-auto its SOL, its speedup over the best torch.compile and over eager,
 and its time in --against (default: each benchmark's newest time among the other saved runs of its GPU) with
 the ratio.
+
+save: copy a run (--run, a --benchmark-json file) into the history under the name pytest-benchmark's
+autosave gives it, numbered after the runs in --storage and named by the commit the run records
+(GN_BENCH_COMMIT, the full sha, where the tree has no current git); --into writes it under another folder
+(the same relative path), e.g. a GPU call's output, to be copied into .benchmarks/ and committed.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 
 from gn_module.bench import history
 
@@ -33,7 +40,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     doc = (__doc__ or "").split("\n\n")
     p = argparse.ArgumentParser(
         prog=f"python -m gn_module.bench {command}",
-        description={"history": doc[1], "gate": doc[2], "table": doc[3]}[command],
+        description={"history": doc[1], "gate": doc[2], "table": doc[3], "save": doc[4]}[command],
     )
     p.add_argument(
         "--storage",
@@ -52,6 +59,10 @@ def build_parser(command: str) -> argparse.ArgumentParser:
             help="with --newest: the newest run timed on this GPU (torch's device name and SM count), "
             "where one is saved",
         )
+        return p
+    if command == "save":
+        p.add_argument("--run", metavar="JSON", required=True, help="the run (a --benchmark-json file)")
+        p.add_argument("--into", metavar="DIR", help="write it under DIR instead of --storage")
         return p
     # gate and table: one run, the newest saved one unless named
     p.add_argument("--run", metavar="JSON", help="the run to judge or show (default: the newest saved run)")
@@ -94,6 +105,14 @@ def main(command: str, argv: Sequence[str]) -> int:
                     print(f"wrote {args.plot}")
                 else:
                     print("matplotlib is not installed; no plot written (pip install matplotlib)")
+            return 0
+        if command == "save":
+            target = history.saved_name(args.storage, args.run)
+            if args.into:
+                target = Path(args.into) / target.relative_to(history.storage_path(args.storage))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(args.run, target)
+            print(target)
             return 0
         current = history.load_run(args.run) if args.run else history.newest_run(args.storage)
         gpu = history.run_gpu(current)  # (defaults compare with runs of the same GPU only)
