@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
       if (first) trace_point(a, 4);
       // every tile's partials of the task are written: this member's strips of its dweight/dbias
       if (a.dweight != nullptr || a.dbias != nullptr) {
-        const int per_task = static_cast<int>((a.window + 31) / 32);  // (bwd_param_strip)
+        const int per_task = bwd_strips_per_task(a);
         for (int j = member; j < per_task; j += a.team_size) bwd_param_strip(a, task, j, sm.scratch);
       }
       if (first) trace_point(a, 6);

@@ -262,8 +262,11 @@ static __device__ void bwd_combine_task(const GnArgs& a, int64_t task) {
 }
 
 // Strips of dweight/dbias work: 32 channels of one task's window each (apply launch, bwd_param_sums).
+__device__ __forceinline__ int bwd_strips_per_task(const GnArgs& a) {
+  return static_cast<int>((a.window + 31) / 32);
+}
 __device__ __forceinline__ int64_t bwd_param_strips(const GnArgs& a) {
-  return task_count(a) * ((a.window + 31) / 32);
+  return task_count(a) * ((a.window + 31) / 32);  // (bwd_strips_per_task, in 64 bits)
 }
 
 // One strip, the `j`th of `task`: the channel sums [n][c] of 32 channels of a task over its tiles. Warp
@@ -334,7 +337,7 @@ static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
   const int i = static_cast<int>(blockIdx.x) - first;
   if (i < 0 || i >= strips) return;  // (uniform in the block)
   const bool by_column = a.n < kGeneration;  // (schedule.column_totals)
-  const int per_task = static_cast<int>((a.window + 31) / 32);
+  const int per_task = bwd_strips_per_task(a);
   for (int64_t strip = i; strip < strips; strip += count) {
     // (task and j once here: recomputed in each helper, the wide bwd_task_apply spilled on sm_80-89)
     const int64_t task = strip / per_task;
@@ -371,7 +374,7 @@ static __device__ void bwd_param_totals(const GnArgs& a, int team, int member) {
     return;
   }
   __shared__ bool last_of_column[kThreads];
-  const int per_task = static_cast<int>((a.window + 31) / 32);
+  const int per_task = bwd_strips_per_task(a);
   const int tasks = static_cast<int>(task_count(a));  // (below 2**31: schedule.task_tiling)
   const int per_member = member < per_task ? (per_task - 1 - member) / a.team_size + 1 : 0;
   const int rounds = team < a.teams && team < tasks ? (tasks - 1 - team) / a.teams + 1 : 0;
