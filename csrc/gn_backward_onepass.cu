@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_onepass(GnArgs a) {
     }
   }
   trace_point(a, 11);
-  bwd_param_totals(a, team, member);  // every block: the last one (of each column) writes (barriers inside)
+  bwd_param_totals(a);  // every block: the last one to arrive writes dweight and dbias (barriers inside)
   trace_point(a, 12);
   __syncthreads();
   const int tiles = team < a.teams ? tasks_done * (member_tile(a, member + 1) - member_tile(a, member)) : 0;

@@ -352,49 +352,12 @@ static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
   if (arrive(columns(a, 0), with_strips)) bwd_param_totals_now(a);  // (task 0's column word)
 }
 
-// The experiment -DGN_EXP_BWD1_COLUMN_TOTALS=1 (off by default, not yet timed): the one launch's totals
-// by column, as the two launches' (bwd_param_totals below).
-#ifndef GN_EXP_BWD1_COLUMN_TOTALS
-#define GN_EXP_BWD1_COLUMN_TOTALS 0
-#endif
-constexpr bool kBwd1ColumnTotals = GN_EXP_BWD1_COLUMN_TOTALS != 0;
-
-// The one-launch backward's totals (bwd_task_onepass): every block calls it after its strips and dx; the
-// launch's last block to arrive (counted on task 0's column word) writes dweight and dbias.
-// With kBwd1ColumnTotals, by column (schedule.column_totals) as the two-launch apply's: the block counts
-// the strips it summed (strip j of task, j = member, member + team_size, ... in each of its team's tasks)
-// on their columns' words, one thread a strip, so its arrivals overlap instead of chaining
-// (32x128x256x256: 16 rounds); the last of a column's strips sums that column's channels. They arrive
-// after the block's last dx, not after each strip: an arrival is an L2 round trip the dx would wait for.
-// Batches of 2**16 samples or more keep the block count.
-static __device__ void bwd_param_totals(const GnArgs& a, int team, int member) {
+// The one-launch backward's totals (bwd_task_onepass): every block calls it after its strips and dx;
+// the launch's last block to arrive writes dweight and dbias.
+static __device__ void bwd_param_totals(const GnArgs& a) {
   if (a.dweight == nullptr && a.dbias == nullptr) return;
-  if (!kBwd1ColumnTotals || a.n >= kGeneration) {
-    if (arrive(columns(a, 0), gridDim.x)) bwd_param_totals_now(a);  // (the launch's block count)
-    return;
-  }
-  __shared__ bool last_of_column[kThreads];
-  const int per_task = bwd_strips_per_task(a);
-  const int tasks = static_cast<int>(task_count(a));  // (below 2**31: schedule.task_tiling)
-  const int per_member = member < per_task ? (per_task - 1 - member) / a.team_size + 1 : 0;
-  const int rounds = team < a.teams && team < tasks ? (tasks - 1 - team) / a.teams + 1 : 0;
-  const int mine = rounds * per_member;  // (uniform in the block)
-  for (int base = 0; base < mine; base += kThreads) {
-    __syncthreads();  // the strips' channel sums, and the last pass's reads of last_of_column
-    const int k = base + static_cast<int>(threadIdx.x);
-    bool last = false;
-    if (k < mine) {
-      const int task = team + (k / per_member) * a.teams, j = member + (k % per_member) * a.team_size;
-      last = arrive_thread0(columns(a, bwd_strip_column(a, task, j, per_task)), static_cast<unsigned>(a.n)).last;
-    }
-    last_of_column[threadIdx.x] = last;
-    __syncthreads();
-    for (int i = 0; i < kThreads && base + i < mine; ++i) {
-      if (!last_of_column[i]) continue;
-      const int k_i = base + i;
-      bwd_param_column_total(a, team + (k_i / per_member) * a.teams, member + (k_i % per_member) * a.team_size);
-    }
-  }
+  if (!arrive(columns(a, 0), gridDim.x)) return;  // (task 0's column word: the launch's block count)
+  bwd_param_totals_now(a);
 }
 
 // The experiment -DGN_EXP_FUSED_BWD_APPLY=1 (off by default): the backward's apply of a 16-bit x computes

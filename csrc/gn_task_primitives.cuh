@@ -115,10 +115,9 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 __device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-// Three words per task: an arrival counter, a flag and a column counter (the two-launch apply, and the one
-// launch with -DGN_EXP_BWD1_COLUMN_TOTALS=1, count strip column k's strips on task k's, so the backward's
-// buffer has max(tasks, strip columns) triples: bwd_param_sums, bwd_param_totals; the one launch, and batches
-// of 2**16 samples or more, count blocks on task 0's). The layout does not depend on the launch's task
+// Three words per task: an arrival counter, a flag and a column counter (the one-launch backward counts
+// its blocks on task 0's; the two-launch apply counts strip column k's strips on task k's, so its buffer
+// has max(tasks, strip columns) triples: bwd_param_sums). The layout does not depend on the launch's task
 // count, so a counter word is never a flag word of an earlier launch with other shapes.
 // schedule.TaskPlan.sync_words.
 //

@@ -182,20 +182,6 @@ PLANTINGS = {
         "schedule.column_totals)",
         "bwd-tasks", False,
     ),
-    "bwd1-column-count": Planting(
-        "gn_task_backward.cuh",
-        "      last = arrive_thread0(columns(a, bwd_strip_column(a, task, j, per_task)), "
-        "static_cast<unsigned>(a.n)).last;",
-        "      last = arrive_thread0(columns(a, bwd_strip_column(a, task, j, per_task)), "
-        "static_cast<unsigned>(a.n + 1)).last;  // PLANTED: one strip too many",
-        "the one-launch backward's totals by column (a build with -DGN_EXP_BWD1_COLUMN_TOTALS=1 only, "
-        "bwd_param_totals): each strip column's last strip is awaited as if the batch had one more sample, "
-        "so nobody writes the column totals and dweight/dbias keep the workspace's poison (every one-launch "
-        "backward with parameter gradients, batches below 2**16); the default build is unaffected. Its "
-        "catcher: tests/gpu/test_task_backward_onepass.py under that build (GN_NVCC_FLAGS)",
-        # (the plugin's suite runs the default build: this -k is for that test file, GN_PLANTED_TESTS)
-        "fp64", False,
-    ),
     "task-bwd-column-word": Planting(
         "gn_task_backward.cuh",
         "  return (task - task_sample(a, task) * windows_per_sample(a)) * per_task + j;",

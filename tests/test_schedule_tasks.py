@@ -260,11 +260,10 @@ def test_backward_plans_are_two_pass_with_their_workspace_and_two_tensors_per_sl
     assert p.sync_words == 3 * bwd.tasks and p.reread_tiles == 0
 
 
-def test_backward_gets_a_sync_word_per_strip_column() -> None:
-    """The backward sums dweight/dbias by strip column (csrc bwd_param_sums in the two launches' apply, and
-    bwd_param_totals at the one launch's end in a -DGN_EXP_BWD1_COLUMN_TOTALS=1 build): each column's strips
-    count on its own word, so a plan with more columns than tasks needs that many words; the forward and
-    batches of 2**16 samples or more (one word for every block) need the tasks' words only."""
+def test_two_launch_backward_gets_a_sync_word_per_strip_column() -> None:
+    """The apply launch sums dweight/dbias by strip column (csrc bwd_param_sums): each column's strips count
+    on its own word, so a plan with more columns than tasks needs that many words; the forward, the one
+    launch and batches of 2**16 samples or more (one word for every strip) need the tasks' words only."""
     small = schedule.task_tiling(1280, 32, 256, 2, "bwd", batch=2)  # 2x1280x16x16
     assert small.window % schedule.BWD_STRIP_CHANNELS == 0
     columns = small.channels // schedule.BWD_STRIP_CHANNELS
@@ -272,8 +271,7 @@ def test_backward_gets_a_sync_word_per_strip_column() -> None:
     assert schedule.param_strips(small) == small.batch * columns
     two = schedule.make_task_plan(small, 2, 3, residency=264)
     assert two.sync_words == 3 * columns
-    one = schedule.make_task_plan(small, 1, 3, residency=264)
-    assert one.schedule == 1 and one.sync_words == 3 * columns
+    assert schedule.make_task_plan(small, 1, 3, residency=264).sync_words == 3 * small.tasks
     fwd = schedule.task_tiling(1280, 32, 256, 2, "fwd", batch=2)
     assert schedule.make_task_plan(fwd, 2, 3, residency=264).sync_words == 3 * fwd.tasks
     # one window of 60 channels (groups of 10): two strips per sample, of 32 and 28 channels; more tasks
@@ -284,9 +282,8 @@ def test_backward_gets_a_sync_word_per_strip_column() -> None:
     assert schedule.column_totals((1 << schedule.GENERATION_BITS) - 1)
     assert not schedule.column_totals(1 << schedule.GENERATION_BITS)
     many = schedule.task_tiling(1280, 32, 1, 2, "bwd", batch=1 << schedule.GENERATION_BITS)
-    for passes in (1, 2):
-        plan = schedule.make_task_plan(many, passes, 3, residency=264)
-        assert plan.sync_words == 3 * many.tasks
+    plan = schedule.make_task_plan(many, 2, 3, residency=264)
+    assert plan.sync_words == 3 * many.tasks
 
 
 def test_sync_words_per_task_match_the_kernels() -> None:
@@ -298,9 +295,6 @@ def test_sync_words_per_task_match_the_kernels() -> None:
     # schedule.column_totals' rule, as the apply launch decides it
     sums = (Path(__file__).resolve().parents[1] / "csrc" / "gn_task_backward.cuh").read_text()
     assert "const bool by_column = a.n < kGeneration;  // (schedule.column_totals)" in sums
-    # and as the one launch decides it
-    one_launch = "  if (!kBwd1ColumnTotals || a.n >= kGeneration) {\n    if (arrive(columns(a, 0), gridDim.x)"
-    assert one_launch in sums
 
 
 def test_wide_backward_slots_hold_a_float32_dy_chunk_beside_x() -> None:

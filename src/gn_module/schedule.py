@@ -827,11 +827,10 @@ def strip_columns(t: TaskTiling) -> int:
 
 
 def column_totals(batch: int) -> bool:
-    """Whether the backward sums dweight/dbias by column (csrc bwd_param_sums, the two launches' apply, and
-    bwd_param_totals, the one launch's end in a -DGN_EXP_BWD1_COLUMN_TOTALS=1 build): the last of a
-    column's strips, counted on the column's sync word, sums its channels over the samples. A count stays
-    below 2**GENERATION_BITS, so larger batches count the blocks on one word, and the last block sums every
-    channel. Same sums in the same order either way."""
+    """Whether the two-launch backward's apply sums dweight/dbias by column (csrc bwd_param_sums): the last
+    of a column's strips, counted on the column's sync word, sums its channels over the samples. A count
+    stays below 2**GENERATION_BITS, so larger batches count the strips' blocks on one word, and the last
+    block sums every channel. Same sums in the same order either way."""
     return batch < 1 << GENERATION_BITS
 
 
@@ -1087,11 +1086,11 @@ class TaskPlan:
     @property
     def sync_words(self) -> int:
         """Persistent synchronisation words: (arrivals, flag, column count) per task (csrc
-        kSyncWordsPerTask), and for the backward's column totals (`column_totals`) as many column words as
-        it has strip columns (the one launch's too: a -DGN_EXP_BWD1_COLUMN_TOTALS=1 build uses them)."""
+        kSyncWordsPerTask), and for the two-launch backward's column totals (`column_totals`) as many
+        column words as it has strip columns."""
         t = self.tiling
         words = t.tasks
-        if self.direction == "bwd" and column_totals(t.batch):
+        if self.direction == "bwd" and self.schedule == 2 and column_totals(t.batch):
             words = max(words, strip_columns(t))
         return SYNC_WORDS_PER_TASK * words
 
