@@ -23,7 +23,7 @@ constexpr bool kColdRowsBuilt = true;
 
 template <typename T, int V, typename TW = T, bool kColdRows = false>
 __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
-  if constexpr (!kBwdTaskFlags) let_dependents_in();  // (kBwdTaskFlags: after the block's last arrival)
+  let_dependents_in();
   warm_params(a);
   const TaskSmem<T, TW> sm(a, 2);
   const TeamPlace<true> place(a);
@@ -39,17 +39,10 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_stats(GnArgs a) {
       const bool first = task == team;
       member_bwd_stats<T, V, TW, kColdRows && kColdRowsBuilt>(a, task, t0, t1, sm);
       if (first) trace_point(a, 2);
-      __shared__ unsigned flag;
-      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size),
-                               kBwdTaskFlags ? &flag : nullptr);
-      if (kBwdTaskFlags && task + a.teams >= task_count(a)) let_dependents_in();
+      const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size));
       if (first) trace_point(a, 3);
       if (last) {
         bwd_combine_task(a, task);
-        if constexpr (kBwdTaskFlags) {
-          __syncthreads();  // every thread's sums are written
-          if (threadIdx.x == 0) store_release(flags(a, task), flag);
-        }
         if (first) trace_point(a, 4);
       }
       tiles_done += t1 - t0;
@@ -76,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
   // GnArgs::strip_blocks). Before them, and before the coefficients, the stats launch's writes (a
   // dependent launch waits here, behind its first copies: x and dy are that launch's inputs)
   auto param_sums = [&] {
-    if constexpr (!kBwdTaskFlags) wait_for_prerequisites();  // (kBwdTaskFlags: each strip's task's flag)
+    wait_for_prerequisites();
     if (a.strip_blocks == 0 || static_cast<int>(blockIdx.x) >= a.grid) bwd_param_sums(a, sm.scratch);
   };
   if (team < a.teams && team < tasks) {
@@ -87,7 +80,6 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_task_apply(GnArgs a) {
       reread += with_act(a.act, [&](auto act) {  // (each ends with a barrier)
         return member_bwd_apply<T, V, decltype(act)::value, TW>(a, task, t0, t1, sm, 0, [&] {
           if (first) param_sums();  // (uniform in the block)
-          if constexpr (kBwdTaskFlags) await_task_stats(a, task);  // (before its coefficients)
         });
       });
       if (first) trace_point(a, 10);

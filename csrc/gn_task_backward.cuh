@@ -261,28 +261,6 @@ static __device__ void bwd_combine_task(const GnArgs& a, int64_t task) {
   }
 }
 
-// The experiment -DGN_EXP_BWD_TASK_FLAGS=1 (off by default): the two-launch backward's apply waits for each
-// task's flag (the stats launch's last member publishes it after its combine, as the one launch does)
-// instead of for the whole stats launch (griddepcontrol.wait: its last block, then the launch's end). Its
-// stats blocks let the apply in only after their last arrival, so when an apply block runs every task's
-// counter holds all of this launch's arrivals, and the flag value to wait for follows from the counter:
-// its generation, plus one while the last arriver's round-up is not yet in (low bits = the arrivals).
-// Without a dependent launch the stats launch has ended and the same rule holds.
-#ifndef GN_EXP_BWD_TASK_FLAGS
-#define GN_EXP_BWD_TASK_FLAGS 0
-#endif
-constexpr bool kBwdTaskFlags = GN_EXP_BWD_TASK_FLAGS != 0;
-
-// kBwdTaskFlags: the apply's wait for one task's statistics and partials (every thread; a barrier inside).
-__device__ __forceinline__ void await_task_stats(const GnArgs& a, int64_t task) {
-  if (threadIdx.x == 0) {
-    const unsigned count = load_acquire(arrivals(a, task));
-    const unsigned flag = (count >> kGenerationBits) + ((count & (kGeneration - 1)) != 0 ? 1u : 0u);
-    while (load_acquire(flags(a, task)) != flag) __nanosleep(32);
-  }
-  __syncthreads();
-}
-
 // Strips of dweight/dbias work: 32 channels of one task's window each (apply launch, bwd_param_sums).
 __device__ __forceinline__ int bwd_strips_per_task(const GnArgs& a) {
   return static_cast<int>((a.window + 31) / 32);
@@ -364,7 +342,6 @@ static __device__ void bwd_param_sums(const GnArgs& a, float2* fold) {
     // (task and j once here: recomputed in each helper, the wide bwd_task_apply spilled on sm_80-89)
     const int64_t task = strip / per_task;
     const int j = static_cast<int>(strip % per_task);
-    if constexpr (kBwdTaskFlags) await_task_stats(a, task);
     bwd_param_strip(a, task, j, fold);
     if (by_column && arrive(columns(a, bwd_strip_column(a, task, j, per_task)), static_cast<unsigned>(a.n))) {
       bwd_param_column_total(a, task, j);

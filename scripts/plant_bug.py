@@ -182,17 +182,6 @@ PLANTINGS = {
         "schedule.column_totals)",
         "bwd-tasks", False,
     ),
-    "bwd-task-flag-coefs": Planting(
-        "gn_backward_tasks.cu",
-        "          if constexpr (kBwdTaskFlags) await_task_stats(a, task);  // (before its coefficients)",
-        "          // PLANTED: the coefficients without their task's flag",
-        "the two-launch backward's apply under -DGN_EXP_BWD_TASK_FLAGS=1 only (the default build waits for "
-        "the whole stats launch and is unaffected): a dx block reads its task's group sums without waiting "
-        "for the task's flag, so behind a dependent launch it takes the workspace's sums of an earlier launch "
-        "or of none, and dx is wrong. Its catchers: tests/gpu/test_task_backward.py and "
-        "test_dependent_launch.py under that build (GN_NVCC_FLAGS)",
-        "fp64 or bitwise or dependent", False,
-    ),
     "task-bwd-column-word": Planting(
         "gn_task_backward.cuh",
         "  return (task - task_sample(a, task) * windows_per_sample(a)) * per_task + j;",
