@@ -4,7 +4,8 @@
 #   bash scripts/silu_cost_check.sh OUT
 # SILU_SHAPES: shapes without an activation (time_shapes.py's specs; each also runs with :silu)
 # SILU_DTYPES (fp16), SILU_PARTS ("time timeline ncu"), SILU_PROFILE_SHAPE (the timeline's and ncu's shape,
-# 1x128x1024x1024), SILU_GPU: a name nvidia-smi must report (e.g. H200), else exit 3 before any work.
+# 1x128x1024x1024), SILU_GPU: a name nvidia-smi must report (e.g. H200), else exit 3 before any work;
+# SILU_NCU_FULL=1: ncu with its per-instruction stall samples too (the SASS lines that stall most).
 # Session 63 (H100): 1x128x1024x1024 forward 276 -> 284 us with SiLU, backward 460 -> 473 (RESULTS.md).
 set -uo pipefail
 source scripts/gpu_call.sh
@@ -37,11 +38,13 @@ if [[ " $parts " == *" timeline "* ]]; then
     python3 scripts/launch_timeline.py --reps 2 >"$out/timeline.log" 2>&1
 fi
 if [[ " $parts " == *" ncu "* ]]; then
+  light=--light
+  [ "${SILU_NCU_FULL:-0}" = 1 ] && light=
   for dir in bwd fwd; do
     step "ncu $dir $profile"
     NCU_DIRECTION=$dir GN_PROFILE_SHAPES="$profile:silu,$profile" timeout 240 \
-      bash scripts/ncu_tasks.sh "$out/ncu_$dir" --light >"$out/ncu_$dir.log" 2>&1
-    cp "$out/ncu_$dir/summary.txt" "$out/ncu_${dir}_summary.txt" 2>/dev/null
+      bash scripts/ncu_tasks.sh "$out/ncu_$dir" $light >"$out/ncu_$dir.log" 2>&1
+    cat "$out/ncu_$dir/summary.txt" "$out/ncu_$dir/sass_top.txt" >"$out/ncu_${dir}_summary.txt" 2>/dev/null
   done
 fi
 gpu_call_done 0 time_fp16.log time_bf16.log timeline.log ncu_bwd_summary.txt ncu_fwd_summary.txt
