@@ -136,7 +136,7 @@ __device__ __forceinline__ float exp_neg(float z) {
 __device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.f, 1.f + exp_neg(z)); }
 
 // The experiment -DGN_EXP_SILU_PAIRED_RCP=1 (off by default; the 16-bit SiLU loops of gn_task_forward.cuh and
-// gn_task_backward.cuh): two elements' sigmoids from one MUFU.RCP. SiLU's element loops issue an EX2 and an
+// gn_task_backward.cuh; =2 the forward's only): two elements' sigmoids from one MUFU.RCP. SiLU's element loops issue an EX2 and an
 // RCP per element, and the SM's MUFU pipe does 16 of them per clock: 8 SiLU elements per clock per SM, about
 // a 16-bit apply's DRAM rate (the H200: 2.1e12 elements/s against 1.0e12 for the apply at 4 TB/s, and a
 // one-launch apply writes all at once). r = 1 / (d0 * d1), then 1 / d0 = d1 * r and 1 / d1 = d0 * r: one MUFU

@@ -86,7 +86,7 @@ struct BwdCoefs {
   }
 };
 
-// dy * silu'(z) of channels v and v + 1, z = u * w + b, their sigmoids from one MUFU.RCP (kPairedSilu)
+// dy * silu'(z) of channels v and v + 1, z = u * w + b, their sigmoids from one MUFU.RCP (kPairedSiluBwd)
 template <int V>
 __device__ __forceinline__ float2 silu_grads_pair(const BwdCoefs<V>& k, int v, float u0, float u1, float dy0,
                                                   float dy1) {
@@ -122,7 +122,7 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, i
         const float xc = to_float(x.v[v]) - k.mean[v];
         return kFusedBwdStats ? xc : xc * k.rstd[v];
       };
-      if constexpr (kPairedSilu<T, V, kAct>) {
+      if constexpr (kPairedSiluBwd<T, V, kAct>) {
 #pragma unroll
         for (int v = 0; v < V; v += 2) {
           const float h0 = xhat_of(v), h1 = xhat_of(v + 1);
@@ -399,7 +399,7 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
       const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(sd);
       Pack<T, V> o;
-      if constexpr (kPairedSilu<T, V, kAct>) {
+      if constexpr (kPairedSiluBwd<T, V, kAct>) {
         // u: x (kFusedBwdApply: k.w, k.b, ka, kb are fuse_bwd_coefs') or xhat; z = u * w + b
         auto u_of = [&](int v) {
           return kFusedBwdApply<T> ? to_float(x.v[v]) : (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];

@@ -130,9 +130,13 @@ struct NoStep {
 template <typename T>
 constexpr bool kFusedApply = GN_EXP_FUSED_APPLY != 0 && sizeof(T) == 2;
 // Whether a SiLU element loop of this x type and vector takes sigmoids in pairs (gn_kernels.cuh
-// reciprocal_pair, -DGN_EXP_SILU_PAIRED_RCP=1): 16-bit x, an even vector.
+// reciprocal_pair, -DGN_EXP_SILU_PAIRED_RCP=1; =2: the forward's apply only, where the one launch's SiLU apply
+// runs on every block at once after the barrier, while the backward lost 1-4 % with pairs, session 47):
+// 16-bit x, an even vector. kPairedSiluBwd: the backward's loops.
 template <typename T, int V, int kAct>
 constexpr bool kPairedSilu = GN_EXP_SILU_PAIRED_RCP != 0 && kAct == kActSilu && sizeof(T) == 2 && V % 2 == 0;
+template <typename T, int V, int kAct>
+constexpr bool kPairedSiluBwd = kPairedSilu<T, V, kAct> && GN_EXP_SILU_PAIRED_RCP == 1;
 
 // The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory; kFused:
 // beta holds beta - mean * scale and mean is unused (kFusedApply).

@@ -6,6 +6,8 @@
 #   bwdstats  -DGN_EXP_FUSED_BWD_STATS=1  the backward's stats without a per-element rstd multiply
 #   fused     all three
 #   paired    fused and -DGN_EXP_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
+#   pairedfwd fwdapply and -DGN_EXP_SILU_PAIRED_RCP=2 (the forward's 16-bit SiLU apply only; the backward's
+#             kernels are the default's)
 #   l2keepM   -DGN_EXP_L2_KEEP_KB=M*1024: the chunks an apply re-reads soon loaded evict_last, about M MiB
 #             of them per launch, the one launch's other chunk loads evict_first (gn_task_primitives.cuh
 #             l2_hints), whatever GnArgs.l2_keep_bytes (schedule.l2_keep_bytes: a share of the L2) says
@@ -40,6 +42,7 @@ flag_of() {
     bwdstats) echo "-DGN_EXP_FUSED_BWD_STATS=1" ;;
     fused) echo "$all" ;;
     paired) echo "$all -DGN_EXP_SILU_PAIRED_RCP=1" ;;
+    pairedfwd) echo "-DGN_EXP_FUSED_APPLY=1 -DGN_EXP_SILU_PAIRED_RCP=2" ;;
     l2keep[0-9]*) echo "-DGN_EXP_L2_KEEP_KB=$(( ${1#l2keep} * 1024 ))" ;;
     l2) echo "-DGN_L2_HINTS=1" ;;
     nol2) echo "-DGN_L2_HINTS=0" ;;
