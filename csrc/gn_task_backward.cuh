@@ -119,14 +119,14 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, i
       const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(sd);
       // xhat, or x - mean under kFusedBwdStats (k.w then holds rstd * w; write_tile_partials scales s2)
       auto xhat_of = [&](int v) {
-        const float xc = to_float(x.v[v]) - k.mean[v];
+        const float xc = pack_float(x, v) - k.mean[v];
         return kFusedBwdStats ? xc : xc * k.rstd[v];
       };
       if constexpr (kPairedSiluBwd<T, V, kAct>) {
 #pragma unroll
         for (int v = 0; v < V; v += 2) {
           const float h0 = xhat_of(v), h1 = xhat_of(v + 1);
-          const float2 dz = silu_grads_pair(k, v, h0, h1, to_float(d.v[v]), to_float(d.v[v + 1]));
+          const float2 dz = silu_grads_pair(k, v, h0, h1, pack_float(d, v), pack_float(d, v + 1));
           s1[v] += dz.x;
           s2[v] = fmaf(dz.x, h0, s2[v]);
           s1[v + 1] += dz.y;
@@ -136,7 +136,7 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, i
 #pragma unroll
         for (int v = 0; v < V; ++v) {
           const float xhat = xhat_of(v);
-          const float dz = grad_of_z<kAct>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
+          const float dz = grad_of_z<kAct>(pack_float(d, v), xhat, k.w[v], k.b[v]);
           s1[v] += dz;
           s2[v] = fmaf(dz, xhat, s2[v]);
         }
@@ -392,6 +392,7 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
                                                int rows_threads, int limit, const BwdCoefs<V>& k,
                                                const float (&ka)[V], const float (&kb)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
+  constexpr bool kWords = sizeof(TW) == sizeof(T);  // (pack_float: not for the wide dy's loop)
   int r = 0;
 #pragma unroll bwd_row_unroll<kAct, V, kRowAtATime>(2)  // (scalar rows: six coefficient arrays live, more at once spilled on sm_100 / sm_120)
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep, out += ystep) {
@@ -402,7 +403,7 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
       if constexpr (kPairedSiluBwd<T, V, kAct>) {
         // u: x (kFusedBwdApply: k.w, k.b, ka, kb are fuse_bwd_coefs') or xhat; z = u * w + b
         auto u_of = [&](int v) {
-          return kFusedBwdApply<T> ? to_float(x.v[v]) : (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
+          return kFusedBwdApply<T> ? pack_float<kWords>(x, v) : (pack_float<kWords>(x, v) - k.mean[v]) * k.rstd[v];
         };
         auto dx_of = [&](int v, float u, float dz) {
           return kFusedBwdApply<T> ? fmaf(k.w[v], dz, fmaf(kb[v], u, ka[v]))
@@ -411,7 +412,7 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
 #pragma unroll
         for (int v = 0; v < V; v += 2) {
           const float u0 = u_of(v), u1 = u_of(v + 1);
-          const float2 dz = silu_grads_pair(k, v, u0, u1, to_float(d.v[v]), to_float(d.v[v + 1]));
+          const float2 dz = silu_grads_pair(k, v, u0, u1, pack_float(d, v), pack_float(d, v + 1));
           o.v[v] = from_float<T>(dx_of(v, u0, dz.x));
           o.v[v + 1] = from_float<T>(dx_of(v + 1, u1, dz.y));
         }
@@ -421,12 +422,12 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         if constexpr (kFusedBwdApply<T>) {
-          const float xf = to_float(x.v[v]);
-          const float dz = grad_of_z<kAct>(to_float(d.v[v]), xf, k.w[v], k.b[v]);
+          const float xf = pack_float<kWords>(x, v);
+          const float dz = grad_of_z<kAct>(pack_float(d, v), xf, k.w[v], k.b[v]);
           o.v[v] = from_float<T>(fmaf(k.w[v], dz, fmaf(kb[v], xf, ka[v])));
         } else {
-          const float xhat = (to_float(x.v[v]) - k.mean[v]) * k.rstd[v];
-          const float dz = grad_of_z<kAct>(to_float(d.v[v]), xhat, k.w[v], k.b[v]);
+          const float xhat = (pack_float<kWords>(x, v) - k.mean[v]) * k.rstd[v];
+          const float dz = grad_of_z<kAct>(pack_float(d, v), xhat, k.w[v], k.b[v]);
           o.v[v] = from_float<T>(k.rstd[v] * (dz * k.w[v] - fmaf(xhat, kb[v], ka[v])));
         }
       }

@@ -206,7 +206,7 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t
       if constexpr (kPairedSilu<T, V, kAct>) {
 #pragma unroll
         for (int v = 0; v < V; v += 2) {
-          const float z0 = k_.z(to_float(x.v[v]), v), z1 = k_.z(to_float(x.v[v + 1]), v + 1);
+          const float z0 = k_.z(pack_float(x, v), v), z1 = k_.z(pack_float(x, v + 1), v + 1);
           float r0, r1;
           reciprocal_pair(1.f + exp_neg(z0), 1.f + exp_neg(z1), r0, r1);
           o.v[v] = from_float<TY>(z0 * r0);
@@ -215,7 +215,7 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t
       } else {
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-          const float z = k_.z(to_float(x.v[v]), v);
+          const float z = k_.z(pack_float(x, v), v);
           o.v[v] = from_float<TY>(activate<kAct>(z));
         }
       }

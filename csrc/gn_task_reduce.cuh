@@ -18,7 +18,7 @@ __device__ __forceinline__ void accumulate_rows(const T* s, int sstep, int rows_
       const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        const float e = to_float(x.v[v]) - shift[v];
+        const float e = pack_float(x, v) - shift[v];
         s1[v] += e;
         s2[v] = fmaf(e, e, s2[v]);
       }
