@@ -316,10 +316,10 @@ PLANTINGS = {
     # stats launch's time is the per-element arithmetic, and how much the per-tile fold.
     "timing-fwd-less-math": Planting(
         "gn_task_reduce.cuh",
-        "        const float e = to_float(x.v[v]) - shift[v];\n"
+        "        const float e = pack_float(x, v) - shift[v];\n"
         "        s1[v] += e;\n"
         "        s2[v] = fmaf(e, e, s2[v]);",
-        "        s1[v] += to_float(x.v[v]);  // PLANTED (timing only): no shift, no sum of squares",
+        "        s1[v] += pack_float(x, v);  // PLANTED (timing only): no shift, no sum of squares",
         "task forward stats: only the conversion and one add per element (no shift, no sum of squares)",
         "fwd-tasks", False,
     ),
