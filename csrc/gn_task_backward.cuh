@@ -111,37 +111,45 @@ template <typename T, int V, int kAct, typename TW, bool kRowAtATime = false>
 __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, int sstep, int rows_threads, int limit,
                                                     const BwdCoefs<V>& k, float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
+  auto row = [&](const T* px, const TW* pd) {
+    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(px);
+    const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(pd);
+    // xhat, or x - mean under kFusedBwdStats (k.w then holds rstd * w; write_tile_partials scales s2)
+    auto xhat_of = [&](int v) {
+      const float xc = pack_float(x, v) - k.mean[v];
+      return kFusedBwdStats ? xc : xc * k.rstd[v];
+    };
+    if constexpr (kPairedSiluBwd<T, V, kAct>) {
+#pragma unroll
+      for (int v = 0; v < V; v += 2) {
+        const float h0 = xhat_of(v), h1 = xhat_of(v + 1);
+        const float2 dz = silu_grads_pair(k, v, h0, h1, pack_float(d, v), pack_float(d, v + 1));
+        s1[v] += dz.x;
+        s2[v] = fmaf(dz.x, h0, s2[v]);
+        s1[v + 1] += dz.y;
+        s2[v + 1] = fmaf(dz.y, h1, s2[v + 1]);
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const float xhat = xhat_of(v);
+        const float dz = grad_of_z<kAct>(pack_float(d, v), xhat, k.w[v], k.b[v]);
+        s1[v] += dz;
+        s2[v] = fmaf(dz, xhat, s2[v]);
+      }
+    }
+  };
+  if constexpr (kFullRows && !kRowAtATime && R <= 4 && act_row_unroll<kAct>(R) == R) {
+    if (R * rows_threads <= limit) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) row(sx + i * sstep, sd + i * sstep);
+      return;
+    }
+  }
   int r = 0;
 #pragma unroll bwd_row_unroll<kAct, V, kRowAtATime>(4)  // (16 scalar rows fully unrolled with x and dy spilled on sm_100)
   for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {
-    if (r < limit) {
-      const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
-      const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(sd);
-      // xhat, or x - mean under kFusedBwdStats (k.w then holds rstd * w; write_tile_partials scales s2)
-      auto xhat_of = [&](int v) {
-        const float xc = pack_float(x, v) - k.mean[v];
-        return kFusedBwdStats ? xc : xc * k.rstd[v];
-      };
-      if constexpr (kPairedSiluBwd<T, V, kAct>) {
-#pragma unroll
-        for (int v = 0; v < V; v += 2) {
-          const float h0 = xhat_of(v), h1 = xhat_of(v + 1);
-          const float2 dz = silu_grads_pair(k, v, h0, h1, pack_float(d, v), pack_float(d, v + 1));
-          s1[v] += dz.x;
-          s2[v] = fmaf(dz.x, h0, s2[v]);
-          s1[v + 1] += dz.y;
-          s2[v + 1] = fmaf(dz.y, h1, s2[v + 1]);
-        }
-      } else {
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          const float xhat = xhat_of(v);
-          const float dz = grad_of_z<kAct>(pack_float(d, v), xhat, k.w[v], k.b[v]);
-          s1[v] += dz;
-          s2[v] = fmaf(dz, xhat, s2[v]);
-        }
-      }
-    }
+    if (r < limit) row(sx, sd);
   }
 }
 
