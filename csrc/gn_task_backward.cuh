@@ -401,32 +401,27 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
                                                const float (&ka)[V], const float (&kb)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   constexpr bool kWords = sizeof(TW) == sizeof(T);  // (pack_float: not for the wide dy's loop)
-  int r = 0;
-#pragma unroll bwd_row_unroll<kAct, V, kRowAtATime>(2)  // (scalar rows: six coefficient arrays live, more at once spilled on sm_100 / sm_120)
-  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep, out += ystep) {
-    if (r < limit) {
-      const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(sx);
-      const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(sd);
-      Pack<T, V> o;
-      if constexpr (kPairedSiluBwd<T, V, kAct>) {
-        // u: x (kFusedBwdApply: k.w, k.b, ka, kb are fuse_bwd_coefs') or xhat; z = u * w + b
-        auto u_of = [&](int v) {
-          return kFusedBwdApply<T> ? pack_float<kWords>(x, v) : (pack_float<kWords>(x, v) - k.mean[v]) * k.rstd[v];
-        };
-        auto dx_of = [&](int v, float u, float dz) {
-          return kFusedBwdApply<T> ? fmaf(k.w[v], dz, fmaf(kb[v], u, ka[v]))
-                                   : k.rstd[v] * (dz * k.w[v] - fmaf(u, kb[v], ka[v]));
-        };
+  auto row = [&](const T* px, const TW* pd, T* po) {
+    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(px);
+    const Pack<TW, V> d = *reinterpret_cast<const Pack<TW, V>*>(pd);
+    Pack<T, V> o;
+    if constexpr (kPairedSiluBwd<T, V, kAct>) {
+      // u: x (kFusedBwdApply: k.w, k.b, ka, kb are fuse_bwd_coefs') or xhat; z = u * w + b
+      auto u_of = [&](int v) {
+        return kFusedBwdApply<T> ? pack_float<kWords>(x, v) : (pack_float<kWords>(x, v) - k.mean[v]) * k.rstd[v];
+      };
+      auto dx_of = [&](int v, float u, float dz) {
+        return kFusedBwdApply<T> ? fmaf(k.w[v], dz, fmaf(kb[v], u, ka[v]))
+                                 : k.rstd[v] * (dz * k.w[v] - fmaf(u, kb[v], ka[v]));
+      };
 #pragma unroll
-        for (int v = 0; v < V; v += 2) {
-          const float u0 = u_of(v), u1 = u_of(v + 1);
-          const float2 dz = silu_grads_pair(k, v, u0, u1, pack_float(d, v), pack_float(d, v + 1));
-          o.v[v] = from_float<T>(dx_of(v, u0, dz.x));
-          o.v[v + 1] = from_float<T>(dx_of(v + 1, u1, dz.y));
-        }
-        store_pack_streaming<T, V>(out, o);
-        continue;
+      for (int v = 0; v < V; v += 2) {
+        const float u0 = u_of(v), u1 = u_of(v + 1);
+        const float2 dz = silu_grads_pair(k, v, u0, u1, pack_float(d, v), pack_float(d, v + 1));
+        o.v[v] = from_float<T>(dx_of(v, u0, dz.x));
+        o.v[v + 1] = from_float<T>(dx_of(v + 1, u1, dz.y));
       }
+    } else {
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         if constexpr (kFusedBwdApply<T>) {
@@ -439,8 +434,21 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
           o.v[v] = from_float<T>(k.rstd[v] * (dz * k.w[v] - fmaf(xhat, kb[v], ka[v])));
         }
       }
-      store_pack_streaming<T, V>(out, o);
     }
+    store_pack_streaming<T, V>(po, o);
+  };
+  // (kFullRows: the one launch's loop only; the two launches' runs cold, a row at a time)
+  if constexpr (kFullRows && !kRowAtATime && R <= 4 && act_row_unroll<kAct>(R) == R) {
+    if (R * rows_threads <= limit) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) row(sx + i * sstep, sd + i * sstep, out + i * ystep);
+      return;
+    }
+  }
+  int r = 0;
+#pragma unroll bwd_row_unroll<kAct, V, kRowAtATime>(2)  // (scalar rows: six coefficient arrays live, more at once spilled on sm_100 / sm_120)
+  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep, out += ystep) {
+    if (r < limit) row(sx, sd, out);
   }
 }
 

@@ -10,7 +10,7 @@
 #             kernels are the default's)
 #   bf16words -DGN_EXP_BF16_WORDS=1: bfloat16 elements converted from their 32-bit words (the same bits)
 #   fullrows  -DGN_EXP_FULL_ROWS=1: a chunk's rows in one straight-line block where all are in range (the
-#             backward's stats loop, the forward's apply; the same bits)
+#             backward's stats loop, the forward's apply, the one launch's dx loop; the same bits)
 #   l2keepM   -DGN_EXP_L2_KEEP_KB=M*1024: the chunks an apply re-reads soon loaded evict_last, about M MiB
 #             of them per launch, the one launch's other chunk loads evict_first (gn_task_primitives.cuh
 #             l2_hints), whatever GnArgs.l2_keep_bytes (schedule.l2_keep_bytes: a share of the L2) says
