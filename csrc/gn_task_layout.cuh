@@ -58,10 +58,11 @@ constexpr int kChunkRowsPerThread = sizeof(T) * V == 16 ? 4 : 16;
 
 // The experiment -DGN_EXP_FULL_ROWS=1 (off by default): a thread whose rows of a chunk are all in range (every
 // chunk but a range's last) runs them as one straight-line block: the backward's stats loop, the forward's
-// apply and the one-launch backward's dx loop. Each row's bounds test is a branch with its own reconvergence point, so the compiler schedules a row
-// at a time, and a warp has only a row's V independent chains to hide the SiLU loop's latency with (ncu, H200,
-// 1x128x1024x1024: the backward's stats issue on 68 % of cycles at 4 warps per scheduler, 5.3 cycles per issued
-// instruction). The same operations in the same order per sum and per element, so the same bits.
+// apply and the one-launch backward's dx loop. Each row's bounds test is a branch with its own reconvergence
+// point, so the compiler schedules a row at a time, and a warp has only a row's V independent chains to hide
+// the SiLU loop's latency with (ncu, H200, 1x128x1024x1024: the backward's stats issue on 68 % of cycles at 4
+// warps per scheduler, 5.3 cycles per issued instruction). The same operations in the same order per sum and
+// per element, so the same bits.
 #ifndef GN_EXP_FULL_ROWS
 #define GN_EXP_FULL_ROWS 0
 #endif
