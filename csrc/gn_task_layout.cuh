@@ -57,7 +57,7 @@ template <typename T, int V>
 constexpr int kChunkRowsPerThread = sizeof(T) * V == 16 ? 4 : 16;
 
 // The experiment -DGN_EXP_FULL_ROWS=1 (off by default): a thread whose rows of a chunk are all in range (every
-// chunk but a range's last) runs them as one straight-line block: the backward's stats loop, the forward's
+// chunk but a range's last) runs them as one straight-line block: both directions' stats loops, the forward's
 // apply and the one-launch backward's dx loop. Each row's bounds test is a branch with its own reconvergence
 // point, so the compiler schedules a row at a time, and a warp has only a row's V independent chains to hide
 // the SiLU loop's latency with (ncu, H200, 1x128x1024x1024: the backward's stats issue on 68 % of cycles at 4

@@ -11,18 +11,26 @@ template <typename T, int V>
 __device__ __forceinline__ void accumulate_rows(const T* s, int sstep, int rows_threads, int limit,
                                                 const float (&shift)[V], float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
+  auto row = [&](const T* p) {
+    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const float e = pack_float(x, v) - shift[v];
+      s1[v] += e;
+      s2[v] = fmaf(e, e, s2[v]);
+    }
+  };
+  if constexpr (kFullRows && R <= 4) {
+    if (R * rows_threads <= limit) {
+#pragma unroll
+      for (int k = 0; k < R; ++k) row(s + k * sstep);
+      return;
+    }
+  }
   int r = 0;
 #pragma unroll
   for (int k = 0; k < R; ++k, r += rows_threads, s += sstep) {
-    if (r < limit) {
-      const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(s);
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const float e = pack_float(x, v) - shift[v];
-        s1[v] += e;
-        s2[v] = fmaf(e, e, s2[v]);
-      }
-    }
+    if (r < limit) row(s);
   }
 }
 

@@ -140,10 +140,11 @@ PLANTINGS = {
     ),
     "bwd-cold-rows-first-row": Planting(
         "gn_task_backward.cuh",
-        "  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {\n    if (r < limit) {",
+        "  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {\n"
+        "    if (r < limit) row(sx, sd);",
         "  for (int i = 0; i < R; ++i, r += rows_threads, sx += sstep, sd += sstep) {\n"
         "    if (kRowAtATime && i == 0) continue;  // PLANTED: the cold variant skips a thread's first row\n"
-        "    if (r < limit) {",
+        "    if (r < limit) row(sx, sd);",
         "task backward stats, the cold variant only (bwd_task_stats<..., kColdRows>: plans whose busiest "
         "member reads fewer than 4 chunks per task, csrc cold_stats_rows): each thread's first row of a "
         "chunk is left out of the dweight/dbias and group sums; the warm variant (capped runs, larger "
@@ -316,10 +317,10 @@ PLANTINGS = {
     # stats launch's time is the per-element arithmetic, and how much the per-tile fold.
     "timing-fwd-less-math": Planting(
         "gn_task_reduce.cuh",
-        "        const float e = pack_float(x, v) - shift[v];\n"
-        "        s1[v] += e;\n"
-        "        s2[v] = fmaf(e, e, s2[v]);",
-        "        s1[v] += pack_float(x, v);  // PLANTED (timing only): no shift, no sum of squares",
+        "      const float e = pack_float(x, v) - shift[v];\n"
+        "      s1[v] += e;\n"
+        "      s2[v] = fmaf(e, e, s2[v]);",
+        "      s1[v] += pack_float(x, v);  // PLANTED (timing only): no shift, no sum of squares",
         "task forward stats: only the conversion and one add per element (no shift, no sum of squares)",
         "fwd-tasks", False,
     ),
