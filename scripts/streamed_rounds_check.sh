@@ -96,7 +96,8 @@ if want suite; then
   tail -n 2 "$out/suite.log" >>"$out/summary.txt"
   step "the sweep's task cases under the streamed build"
   GN_NVCC_FLAGS="$S" timeout 300 python3 scripts/prebuild.py >"$out/prebuild.log" 2>&1 || status=1
-  GN_NVCC_FLAGS="$S" timeout 500 python3 -m pytest -q -p xdist -n 8 --gn-arch-sweep --gn-arch tasks \
+  # shellcheck disable=SC2046  # (plugin_opt: zero or two words)
+  GN_NVCC_FLAGS="$S" timeout 500 python3 -m pytest -q -p xdist -n 8 $(plugin_opt) --gn-arch-sweep --gn-arch tasks \
     >"$out/sweep.log" 2>&1 || status=1
   tail -n 2 "$out/sweep.log" >>"$out/summary.txt"
   step "compute-sanitizer under the streamed build"
