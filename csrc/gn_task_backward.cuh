@@ -107,7 +107,7 @@ __device__ __forceinline__ float grad_of_z(float dy, float xhat, float w, float 
 
 // (s1, s2) += (dz, dz * xhat) over this thread's rows of one chunk (x and dy slots), in row order.
 // kRowAtATime: packs a row at a time (bwd_row_unroll), where the loop runs cold (cold_stats_rows).
-template <typename T, int V, int kAct, typename TW, bool kRowAtATime = false>
+template <typename T, int V, int kAct, typename TW, bool kRowAtATime = false, bool kStraight = kFullRowsIn<true>>
 __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, int sstep, int rows_threads, int limit,
                                                     const BwdCoefs<V>& k, float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
@@ -139,7 +139,7 @@ __device__ __forceinline__ void accumulate_rows_bwd(const T* sx, const TW* sd, i
       }
     }
   };
-  if constexpr (kFullRows && !kRowAtATime && R <= 4 && act_row_unroll<kAct>(R) == R) {
+  if constexpr (kStraight && !kRowAtATime && R <= 4 && act_row_unroll<kAct>(R) == R) {
     if (R * rows_threads <= limit) {
 #pragma unroll
       for (int i = 0; i < R; ++i) row(sx + i * sstep, sd + i * sstep);
@@ -222,8 +222,8 @@ __device__ int member_bwd_stats(const GnArgs& a, int64_t task, int64_t t0, int64
         if (lane.active) {
           const T* s = mine + slot * sm.slot_elems;
           with_act(a.act, [&](auto act) {
-            accumulate_rows_bwd<T, V, decltype(act)::value, TW, kColdRows>(s, dy_at<T, TW>(s, dd), sstep, rt,
-                                                                          tc.limit(q), k, s1, s2);
+            accumulate_rows_bwd<T, V, decltype(act)::value, TW, kColdRows, kFullRowsIn<kOneLaunch>>(
+                s, dy_at<T, TW>(s, dd), sstep, rt, tc.limit(q), k, s1, s2);
           });
         }
         if (++in_tile == cpt) {
@@ -437,8 +437,8 @@ __device__ __forceinline__ void apply_rows_bwd(const T* sx, const TW* sd, int ss
     }
     store_pack_streaming<T, V>(po, o);
   };
-  // (kFullRows: the one launch's loop only; the two launches' runs cold, a row at a time)
-  if constexpr (kFullRows && !kRowAtATime && R <= 4 && act_row_unroll<kAct>(R) == R) {
+  // (the one launch's loop only, so =1 only; the two launches' runs cold, a row at a time)
+  if constexpr (kFullRowsIn<true> && !kRowAtATime && R <= 4 && act_row_unroll<kAct>(R) == R) {
     if (R * rows_threads <= limit) {
 #pragma unroll
       for (int i = 0; i < R; ++i) row(sx + i * sstep, sd + i * sstep, out + i * ystep);

@@ -102,7 +102,10 @@ __device__ int member_stats(const GnArgs& a, int64_t task, int64_t t0, int64_t t
       },
       [&](int q, int slot) {
         if (trace >= 0 && q == 0) trace_point(a, trace + 1);
-        if (lane.active) accumulate_rows<T, V>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), shift, s1, s2);
+        if (lane.active) {
+          accumulate_rows<T, V, kFullRowsIn<kOneLaunch>>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), shift, s1,
+                                                         s2);
+        }
         if (++in_tile == cpt) {
           finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, tiles);
           if (trace >= 0 && tile == t0) trace_point(a, trace + 2);
@@ -193,7 +196,7 @@ struct StorePair {
 
 // y = act((x - mean) * scale + beta) for this thread's rows of one chunk held in shared memory; y in
 // TY (x's type, or float32 under autocast: the wide forward, stored by lane pairs where `pair` allows).
-template <typename T, int V, int kAct, typename TY = T>
+template <typename T, int V, int kAct, typename TY = T, bool kStraight = kFullRowsIn<true>>
 __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t ystep, int rows_threads, int limit,
                                            const ApplyCoefs<V, kFusedApply<T>>& k_, const StorePair& pair) {
   constexpr int R = kChunkRowsPerThread<T, V>;
@@ -224,7 +227,7 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t
     }
     store_pack_streaming<TY, V>(py, o);
   };
-  if constexpr (kFullRows && R <= 4 && act_row_unroll<kAct>(R) == R) {
+  if constexpr (kStraight && R <= 4 && act_row_unroll<kAct>(R) == R) {
     if (R * rows_threads <= limit) {
 #pragma unroll
       for (int k = 0; k < R; ++k) row(s + k * sstep, y + k * ystep);
@@ -307,7 +310,9 @@ __device__ int member_apply(const GnArgs& a, int64_t task, int64_t t0, int64_t t
     TY* y = out + tc.offset(q);
     const int limit = tc.limit(q);
     // the activation is chosen once per chunk, so the row loop has no branches
-    with_act(a.act, [&](auto act) { apply_rows<T, V, decltype(act)::value, TY>(s, sstep, y, gstep, rt, limit, coefs, pair); });
+    with_act(a.act, [&](auto act) {
+      apply_rows<T, V, decltype(act)::value, TY, kFullRowsIn<kOneLaunch>>(s, sstep, y, gstep, rt, limit, coefs, pair);
+    });
   });
   __syncthreads();  // sm.grp and sm.param are rewritten for the next task
   return reread;

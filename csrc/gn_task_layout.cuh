@@ -66,7 +66,10 @@ constexpr int kChunkRowsPerThread = sizeof(T) * V == 16 ? 4 : 16;
 #ifndef GN_EXP_FULL_ROWS
 #define GN_EXP_FULL_ROWS 0
 #endif
-constexpr bool kFullRows = GN_EXP_FULL_ROWS != 0;
+// =2: the two launches' loops only (session 65, H100: with =1 the large rows moved by 0.1-0.3 % and the one
+// launch's rows were 2-6.5 % slower). kFullRowsIn<kOneLaunch>: whether a loop of that launch kind runs it.
+template <bool kOneLaunch>
+constexpr bool kFullRowsIn = GN_EXP_FULL_ROWS == 1 || (GN_EXP_FULL_ROWS == 2 && !kOneLaunch);
 
 // Host side, before a task launch: a.chunk_rows is within the row loops' compile-time bound (the launcher
 // checks what schedule.task_tiling promised).

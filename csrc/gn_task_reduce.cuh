@@ -7,7 +7,7 @@ namespace gn {
 
 // ---------------------------------------------------------------- reductions
 // Per-thread sums of (x - K) and (x - K)^2 over this thread's rows of one chunk, in row order.
-template <typename T, int V>
+template <typename T, int V, bool kStraight = kFullRowsIn<true>>
 __device__ __forceinline__ void accumulate_rows(const T* s, int sstep, int rows_threads, int limit,
                                                 const float (&shift)[V], float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
@@ -20,7 +20,7 @@ __device__ __forceinline__ void accumulate_rows(const T* s, int sstep, int rows_
       s2[v] = fmaf(e, e, s2[v]);
     }
   };
-  if constexpr (kFullRows && R <= 4) {
+  if constexpr (kStraight && R <= 4) {
     if (R * rows_threads <= limit) {
 #pragma unroll
       for (int k = 0; k < R; ++k) row(s + k * sstep);

@@ -11,6 +11,7 @@
 #   bf16words -DGN_EXP_BF16_WORDS=1: bfloat16 elements converted from their 32-bit words (the same bits)
 #   fullrows  -DGN_EXP_FULL_ROWS=1: a chunk's rows in one straight-line block where all are in range (the
 #             backward's stats loop, the forward's apply, the one launch's dx loop; the same bits)
+#   fullrows2 -DGN_EXP_FULL_ROWS=2: the same in the two launches' loops only (the one launch's are default's)
 #   l2keepM   -DGN_EXP_L2_KEEP_KB=M*1024: the chunks an apply re-reads soon loaded evict_last, about M MiB
 #             of them per launch, the one launch's other chunk loads evict_first (gn_task_primitives.cuh
 #             l2_hints), whatever GnArgs.l2_keep_bytes (schedule.l2_keep_bytes: a share of the L2) says
@@ -48,6 +49,7 @@ flag_of() {
     pairedfwd) echo "-DGN_EXP_FUSED_APPLY=1 -DGN_EXP_SILU_PAIRED_RCP=2" ;;
     bf16words) echo "-DGN_EXP_BF16_WORDS=1" ;;
     fullrows) echo "-DGN_EXP_FULL_ROWS=1" ;;
+    fullrows2) echo "-DGN_EXP_FULL_ROWS=2" ;;
     l2keep[0-9]*) echo "-DGN_EXP_L2_KEEP_KB=$(( ${1#l2keep} * 1024 ))" ;;
     l2) echo "-DGN_L2_HINTS=1" ;;
     nol2) echo "-DGN_L2_HINTS=0" ;;
@@ -99,10 +101,10 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
 done
 
 # The L2 hints choose where bytes come from, never which, bf16words converts exactly and fullrows only
-# schedules: the builds that change only those (l2keepM, l2, nol2, bf16words, fullrows) must give default's bits.
+# schedules: the builds that change only those (l2keepM, l2, nol2, bf16words, fullrows, fullrows2) must give default's bits.
 for v in $variants; do
-  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*) ;; *) continue ;; esac
-  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows)//g; s/\+//g')" ] && continue  # (other flags change bits)
+  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*|*+fullrows2+*) ;; *) continue ;; esac
+  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows2?)//g; s/\+//g')" ] && continue  # (other flags change bits)
   fits 60 "bits of $v" || continue
   step "bits: default against $v (scripts/bits_digest.py, 32x128x256x256 included: one launch re-reading)"
   for b in default "$v"; do
