@@ -48,8 +48,11 @@ FWD_TASK_MEMBER_TILES = (
 )
 # member_stats: a chunk's rows summed from its slot
 TASK_STATS_ROWS = (
-    "        if (lane.active) accumulate_rows<T, V>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), "
-    "shift, s1, s2);"
+    "        if (lane.active) {\n"
+    "          accumulate_rows<T, V, kFullRowsIn<kOneLaunch>>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), "
+    "shift, s1,\n"
+    "                                                         s2);\n"
+    "        }"
 )
 # member_bwd_stats: a tile's per-channel partial written to the workspace
 TASK_BWD_TILE_PARTIAL = (
