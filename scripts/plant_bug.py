@@ -49,8 +49,8 @@ FWD_TASK_MEMBER_TILES = (
 # member_stats: a chunk's rows summed from its slot
 TASK_STATS_ROWS = (
     "        if (lane.active) {\n"
-    "          accumulate_rows<T, V, kFullRowsIn<kOneLaunch>>(mine + slot * sm.slot_elems, sstep, rt, tc.limit(q), "
-    "shift, s1,\n"
+    "          accumulate_rows<T, V, kFullRowsIn<kOneLaunch>>(mine + slot * sm.slot_elems, sstep, rt, "
+    "tc.limit(q), shift, s1,\n"
     "                                                         s2);\n"
     "        }"
 )
