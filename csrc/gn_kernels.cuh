@@ -158,16 +158,16 @@ __device__ __forceinline__ float exp_neg(float z) {
 // reciprocal's range check serialised SiLU); 1 + exp(-z) overflowing to inf gives 0, the limit.
 __device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.f, 1.f + exp_neg(z)); }
 
-// The experiment -DGN_EXP_SILU_PAIRED_RCP=1 (off by default; the 16-bit SiLU loops of gn_task_forward.cuh and
-// gn_task_backward.cuh; =2 the forward's only): two elements' sigmoids from one MUFU.RCP. SiLU's element loops issue an
-// EX2 and an RCP per element, and the SM's MUFU pipe does 16 of them per clock: 8 SiLU elements per clock per SM, about
-// a 16-bit apply's DRAM rate (the H200: 2.1e12 elements/s against 1.0e12 for the apply at 4 TB/s, and a one-launch
-// apply writes all at once). r = 1 / (d0 * d1), then 1 / d0 = d1 * r and 1 / d1 = d0 * r: one MUFU for seven
+// GN_SILU_PAIRED_RCP: 2 (the default since session 65) the forward's 16-bit SiLU apply, 1 also the backward's SiLU
+// loops (1-4 % slower there, session 47), 0 none: two elements' sigmoids from one MUFU.RCP. SiLU's element loops issue
+// an EX2 and an RCP per element, and the SM's MUFU pipe does 16 of them per clock: 8 SiLU elements per clock per SM,
+// about a 16-bit apply's DRAM rate (the H200: 2.1e12 elements/s against 1.0e12 for the apply at 4 TB/s, and a
+// one-launch apply writes all at once). r = 1 / (d0 * d1), then 1 / d0 = d1 * r and 1 / d1 = d0 * r: one MUFU for seven
 // FMA/ALU-pipe instructions, about 2.5 ulp of float32 against 1.5 for the division (far below a 16-bit output's
 // rounding). Each denominator is capped at 2^63 in the product, so that it stays finite and r normal; a denominator
 // past the cap (1 + exp(-z) for z < -43.6, where 1 / d < 2^-63) gets 0, as an infinite one does in the division
-// (z = -inf then gives NaN, as torch). A NaN denominator (a NaN z) is capped too: its partner's quotient stays exact,
-// and its own stays NaN through z.
+// (z = -inf then gives NaN, as torch). A NaN denominator (a NaN z) is capped too: its partner's quotient stays exact, and
+// its own stays NaN through z.
 __device__ __forceinline__ void reciprocal_pair(float d0, float d1, float& r0, float& r1) {
   constexpr float kCap = 0x1p63f;
   const float c0 = fminf(d0, kCap), c1 = fminf(d1, kCap);
@@ -182,8 +182,8 @@ __device__ __forceinline__ void sigmoid_pair(float z0, float z1, float& s0, floa
 }
 // dy * silu'(z) given s = sigmoid(z) (through_act's SiLU)
 __device__ __forceinline__ float silu_grad(float dy, float z, float s) { return dy * s * fmaf(z, 1.f - s, 1.f); }
-#ifndef GN_EXP_SILU_PAIRED_RCP
-#define GN_EXP_SILU_PAIRED_RCP 0
+#ifndef GN_SILU_PAIRED_RCP
+#define GN_SILU_PAIRED_RCP 2
 #endif
 
 // ---------------------------------------------------------------- fused activations

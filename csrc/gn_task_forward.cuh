@@ -122,24 +122,25 @@ struct NoStep {
   __device__ void operator()() const {}
 };
 
-// The experiment -DGN_EXP_FUSED_APPLY=1 (off by default): the forward's apply of a 16-bit x computes
-// z = x * scale + (beta - mean * scale), one FFMA per element, instead of (x - mean) * scale + beta (an
-// FADD and an FFMA), as torch's own kernel does. The fp32 rounding it adds (2^-24 of |x * scale|) is far
-// below the 16-bit x's own (2^-11 of |x|); float32 x keeps the subtraction. The 16-bit SiLU apply looked
-// issue-bound (RESULTS.md session 44: 0.58-0.59 of SOL against 0.62 without SiLU; fp32 SiLU 0.63-0.64).
-#ifndef GN_EXP_FUSED_APPLY
-#define GN_EXP_FUSED_APPLY 0
+// The forward's apply of a 16-bit x computes z = x * scale + (beta - mean * scale), one FFMA per element,
+// instead of (x - mean) * scale + beta (an FADD and an FFMA), as torch's own kernel does. The fp32 rounding it
+// adds (2^-24 of |x * scale|) is far below the 16-bit x's own (2^-11 of |x|); float32 x keeps the subtraction.
+// The 16-bit SiLU apply looked issue-bound (RESULTS.md session 44). The default since session 65, with the
+// paired sigmoids (GN_SILU_PAIRED_RCP=2): 1.5-3 % off the mid and small SiLU forwards (H100; session 47's
+// H200: 1-4 %); -DGN_FWD_FUSED_APPLY=0 builds the subtraction.
+#ifndef GN_FWD_FUSED_APPLY
+#define GN_FWD_FUSED_APPLY 1
 #endif
 template <typename T>
-constexpr bool kFusedApply = GN_EXP_FUSED_APPLY != 0 && sizeof(T) == 2;
+constexpr bool kFusedApply = GN_FWD_FUSED_APPLY != 0 && sizeof(T) == 2;
 // Whether a SiLU element loop of this x type and vector takes sigmoids in pairs (gn_kernels.cuh
-// reciprocal_pair, -DGN_EXP_SILU_PAIRED_RCP=1; =2: the forward's apply only, where the one launch's SiLU apply
+// reciprocal_pair, -DGN_SILU_PAIRED_RCP=1; =2, the default: the forward's apply only, where the one launch's SiLU apply
 // runs on every block at once after the barrier, while the backward lost 1-4 % with pairs, session 47):
 // 16-bit x, an even vector. kPairedSiluBwd: the backward's loops.
 template <typename T, int V, int kAct>
-constexpr bool kPairedSilu = GN_EXP_SILU_PAIRED_RCP != 0 && kAct == kActSilu && sizeof(T) == 2 && V % 2 == 0;
+constexpr bool kPairedSilu = GN_SILU_PAIRED_RCP != 0 && kAct == kActSilu && sizeof(T) == 2 && V % 2 == 0;
 template <typename T, int V, int kAct>
-constexpr bool kPairedSiluBwd = kPairedSilu<T, V, kAct> && GN_EXP_SILU_PAIRED_RCP == 1;
+constexpr bool kPairedSiluBwd = kPairedSilu<T, V, kAct> && GN_SILU_PAIRED_RCP == 1;
 
 // The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory; kFused:
 // beta holds beta - mean * scale and mean is unused (kFusedApply).

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Kernel experiments in one GPU call, about 8 minutes on an H200 (csrc experiments, each off by default):
+# Kernel experiments in one GPU call, about 8 minutes on an H200 (csrc experiments, off by default but pairedfwd):
 # the builds of FUSED_VARIANTS (default "default fused paired"), built at once:
-#   fwdapply  -DGN_EXP_FUSED_APPLY=1      the forward's z = x * scale + (beta - mean * scale), 16-bit x
+#   oldfwd    -DGN_FWD_FUSED_APPLY=0 -DGN_SILU_PAIRED_RCP=0: the forward's 16-bit apply as before session 65
+#             ((x - mean) * scale + beta, one MUFU.RCP per SiLU element; the default since then is pairedfwd's)
+#   fwdapply  -DGN_FWD_FUSED_APPLY=1      the forward's z = x * scale + (beta - mean * scale), 16-bit x
 #   bwdapply  -DGN_EXP_FUSED_BWD_APPLY=1  the backward's dx and z from x itself, 16-bit x
 #   bwdstats  -DGN_EXP_FUSED_BWD_STATS=1  the backward's stats without a per-element rstd multiply
 #   fused     all three
-#   paired    fused and -DGN_EXP_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
-#   pairedfwd fwdapply and -DGN_EXP_SILU_PAIRED_RCP=2 (the forward's 16-bit SiLU apply only; the backward's
-#             kernels are the default's)
+#   paired    fused and -DGN_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
+#   pairedfwd fwdapply and -DGN_SILU_PAIRED_RCP=2 (the forward's 16-bit SiLU apply only; the backward's
+#             kernels are the default's; the default build since session 65)
 #   bf16words -DGN_EXP_BF16_WORDS=1: bfloat16 elements converted from their 32-bit words (the same bits)
 #   fullrows  -DGN_EXP_FULL_ROWS=1: a chunk's rows in one straight-line block where all are in range (the
 #             backward's stats loop, the forward's apply, the one launch's dx loop; the same bits)
@@ -38,15 +40,16 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_call.sh"
 gpu_call_setup fused_apply_check.sh "${1:-}"
 flag_of() {
-  local all="-DGN_EXP_FUSED_APPLY=1 -DGN_EXP_FUSED_BWD_APPLY=1 -DGN_EXP_FUSED_BWD_STATS=1"
+  local all="-DGN_FWD_FUSED_APPLY=1 -DGN_EXP_FUSED_BWD_APPLY=1 -DGN_EXP_FUSED_BWD_STATS=1"
   case $1 in
     default) echo "" ;;
-    fwdapply) echo "-DGN_EXP_FUSED_APPLY=1" ;;
+    oldfwd) echo "-DGN_FWD_FUSED_APPLY=0 -DGN_SILU_PAIRED_RCP=0" ;;
+    fwdapply) echo "-DGN_FWD_FUSED_APPLY=1" ;;
     bwdapply) echo "-DGN_EXP_FUSED_BWD_APPLY=1" ;;
     bwdstats) echo "-DGN_EXP_FUSED_BWD_STATS=1" ;;
     fused) echo "$all" ;;
-    paired) echo "$all -DGN_EXP_SILU_PAIRED_RCP=1" ;;
-    pairedfwd) echo "-DGN_EXP_FUSED_APPLY=1 -DGN_EXP_SILU_PAIRED_RCP=2" ;;
+    paired) echo "$all -DGN_SILU_PAIRED_RCP=1" ;;
+    pairedfwd) echo "-DGN_FWD_FUSED_APPLY=1 -DGN_SILU_PAIRED_RCP=2" ;;
     bf16words) echo "-DGN_EXP_BF16_WORDS=1" ;;
     fullrows) echo "-DGN_EXP_FULL_ROWS=1" ;;
     fullrows2) echo "-DGN_EXP_FULL_ROWS=2" ;;

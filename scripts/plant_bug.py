@@ -235,6 +235,14 @@ PLANTINGS = {
         "keeps NaN (tests/gpu/test_acts.py: test_nan_stays_in_its_group_like_torch, extreme pre-activations)",
         "relu", True,
     ),
+    "silu-pair-swapped": Planting(
+        "gn_kernels.cuh", "  r0 = d0 > kCap ? 0.f : c1 * r;",
+        "  r0 = d0 > kCap ? 0.f : c0 * r;  // PLANTED: the even element gets its partner's sigmoid",
+        "the forward's paired SiLU (reciprocal_pair, the default since session 65) hands each even channel "
+        "its odd partner's sigmoid: 16-bit SiLU outputs wrong against fp64 (tests/gpu/test_acts.py, "
+        "test_kernels.py), the backward untouched",
+        "silu", False,
+    ),
     "combine-loads-serial": Planting(
         "gn_task_reduce.cuh",
         "#pragma unroll\n    for (int i = 0; i < kBatch; ++i) {\n      v[i] = t0 + i < hi",
