@@ -158,7 +158,7 @@ __device__ __forceinline__ float exp_neg(float z) {
 // reciprocal's range check serialised SiLU); 1 + exp(-z) overflowing to inf gives 0, the limit.
 __device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.f, 1.f + exp_neg(z)); }
 
-// GN_SILU_PAIRED_RCP: 2 (the default since session 65) the forward's 16-bit SiLU apply, 1 also the backward's SiLU
+// GN_SILU_PAIRED_RCP: 2 (the default since session 66) the forward's 16-bit SiLU apply, 1 also the backward's SiLU
 // loops (1-4 % slower there, session 47), 0 none: two elements' sigmoids from one MUFU.RCP. SiLU's element loops issue
 // an EX2 and an RCP per element, and the SM's MUFU pipe does 16 of them per clock: 8 SiLU elements per clock per SM,
 // about a 16-bit apply's DRAM rate (the H200: 2.1e12 elements/s against 1.0e12 for the apply at 4 TB/s, and a

@@ -125,7 +125,7 @@ struct NoStep {
 // The forward's apply of a 16-bit x computes z = x * scale + (beta - mean * scale), one FFMA per element,
 // instead of (x - mean) * scale + beta (an FADD and an FFMA), as torch's own kernel does. The fp32 rounding it
 // adds (2^-24 of |x * scale|) is far below the 16-bit x's own (2^-11 of |x|); float32 x keeps the subtraction.
-// The 16-bit SiLU apply looked issue-bound (RESULTS.md session 44). The default since session 65, with the
+// The 16-bit SiLU apply looked issue-bound (RESULTS.md session 44). The default since session 66, with the
 // paired sigmoids (GN_SILU_PAIRED_RCP=2): 1.5-3 % off the mid and small SiLU forwards (H100; session 47's
 // H200: 1-4 %); -DGN_FWD_FUSED_APPLY=0 builds the subtraction.
 #ifndef GN_FWD_FUSED_APPLY

@@ -9,7 +9,7 @@
 #   fused     all three
 #   paired    fused and -DGN_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
 #   pairedfwd fwdapply and -DGN_SILU_PAIRED_RCP=2 (the forward's 16-bit SiLU apply only; the backward's
-#             kernels are the default's; the default build since session 65)
+#             kernels are the default's; the default build since session 66)
 #   bf16words -DGN_EXP_BF16_WORDS=1: bfloat16 elements converted from their 32-bit words (the same bits)
 #   fullrows  -DGN_EXP_FULL_ROWS=1: a chunk's rows in one straight-line block where all are in range (the
 #             backward's stats loop, the forward's apply, the one launch's dx loop; the same bits)

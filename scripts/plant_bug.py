@@ -238,7 +238,7 @@ PLANTINGS = {
     "silu-pair-swapped": Planting(
         "gn_kernels.cuh", "  r0 = d0 > kCap ? 0.f : c1 * r;",
         "  r0 = d0 > kCap ? 0.f : c0 * r;  // PLANTED: the even element gets its partner's sigmoid",
-        "the forward's paired SiLU (reciprocal_pair, the default since session 65) hands each even channel "
+        "the forward's paired SiLU (reciprocal_pair, the default since session 66) hands each even channel "
         "its odd partner's sigmoid: 16-bit SiLU outputs wrong against fp64 (tests/gpu/test_acts.py, "
         "test_kernels.py), the backward untouched",
         "silu", False,
