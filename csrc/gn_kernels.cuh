@@ -166,8 +166,8 @@ __device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.f, 1.f +
 // FMA/ALU-pipe instructions, about 2.5 ulp of float32 against 1.5 for the division (far below a 16-bit output's
 // rounding). Each denominator is capped at 2^63 in the product, so that it stays finite and r normal; a denominator
 // past the cap (1 + exp(-z) for z < -43.6, where 1 / d < 2^-63) gets 0, as an infinite one does in the division
-// (z = -inf then gives NaN, as torch). A NaN denominator (a NaN z) is capped too: its partner's quotient stays exact, and
-// its own stays NaN through z.
+// (z = -inf then gives NaN, as torch). A NaN denominator (a NaN z) is capped too: its partner's quotient stays exact,
+// and its own stays NaN through z.
 __device__ __forceinline__ void reciprocal_pair(float d0, float d1, float& r0, float& r1) {
   constexpr float kCap = 0x1p63f;
   const float c0 = fminf(d0, kCap), c1 = fminf(d1, kCap);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Kernel experiments in one GPU call, about 8 minutes on an H200 (csrc experiments, off by default but pairedfwd):
 # the builds of FUSED_VARIANTS (default "default fused paired"), built at once:
-#   oldfwd    -DGN_FWD_FUSED_APPLY=0 -DGN_SILU_PAIRED_RCP=0: the forward's 16-bit apply as before session 65
+#   oldfwd    -DGN_FWD_FUSED_APPLY=0 -DGN_SILU_PAIRED_RCP=0: the forward's 16-bit apply as before session 66
 #             ((x - mean) * scale + beta, one MUFU.RCP per SiLU element; the default since then is pairedfwd's)
 #   fwdapply  -DGN_FWD_FUSED_APPLY=1      the forward's z = x * scale + (beta - mean * scale), 16-bit x
 #   bwdapply  -DGN_EXP_FUSED_BWD_APPLY=1  the backward's dx and z from x itself, 16-bit x
