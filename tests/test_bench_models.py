@@ -580,6 +580,68 @@ def test_without_groupnorm_keeps_the_activation() -> None:
     ]  # fmt: skip
 
 
+def test_torch_dtype_cast_returns_the_dtype_torch_group_norm_returns() -> None:
+    """The GN-free stand-in with torch's dtypes, on the CPU: its autocast has no float32 rule for
+    group_norm, so x itself, as torch's GroupNorm (CUDA's float32: tests/gpu/test_bench_models_gpu.py)."""
+    cast, gn = bm.TorchDtypeCast(), nn.GroupNorm(2, 4)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(2, 4, 3, 3, dtype=dtype)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert cast(x) is x and gn(x).dtype == dtype
+        assert cast(x) is x
+
+
+def test_without_groupnorm_with_torch_dtypes_casts_then_keeps_the_activation() -> None:
+    class NormAct(nn.GroupNorm):
+        def __init__(self) -> None:
+            super().__init__(2, 4)
+            self.act = nn.SiLU()
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.GroupNorm(2, 4), nn.Sequential(NormAct(), nn.ReLU()))
+    bm.without_groupnorm(model, torch_dtypes=True)
+    assert [type(m).__name__ for m in model.modules()] == [
+        "Sequential", "Conv2d", "TorchDtypeCast", "Sequential", "Sequential", "TorchDtypeCast", "SiLU", "ReLU"
+    ]  # fmt: skip
+    x = torch.randn(1, 3, 4, 4)
+    assert torch.equal(model(x), torch.relu(torch.nn.functional.silu(model[0](x))))
+
+
+@pytest.mark.parametrize(
+    ("kw", "precision", "expected"),
+    [
+        ({}, "bf16", ()),
+        ({"gn_free": True}, "bf16", (bm.GN_FREE, bm.GN_FREE_DTYPES)),
+        ({"gn_free": True}, "fp32", (bm.GN_FREE,)),  # the cast is identity there
+        ({"gn_free": True, "fuse_calls": True}, "bf16", (bm.GN_FREE,)),  # a fused SiLU could beat it
+        ({"gn_free": True, "autocast_output": "input"}, "bf16", (bm.GN_FREE,)),  # not torch's dtypes
+    ],
+)
+def test_gn_free_configs_time_the_dtype_bound_only_where_the_swap_keeps_torch_dtypes(
+    kw: dict, precision: str, expected: tuple[str, ...]
+) -> None:
+    assert bm.gn_free_configs(bm.Settings(**kw), precision) == expected
+
+
+def test_the_dtype_bound_is_the_limit_where_it_was_timed() -> None:
+    """With both GN-free steps timed, the bound is the lower one (the cast's), and a target it lowers says
+    so; the table shows both steps."""
+    row = fake_row(12.0, 10.0, 7.0)
+    row.measurements[bm.GN_FREE] = fake(bm.GN_FREE, 5.0)  # identity: 2x
+    row.measurements[bm.GN_FREE_DTYPES] = fake(bm.GN_FREE_DTYPES, 6.5)  # the cast: 1.54x
+    assert row.gn_free_bound == pytest.approx(10.0 / 6.5) and row.gn_free_limit == bm.GN_FREE_DTYPES
+    vae = next(c for c in bm.check_criteria([row]) if c.target.startswith("speedup (AutoencoderKL"))
+    expected = "speedup (AutoencoderKL-style VAE, bf16), 0.9 x the GN-free (torch's dtypes) bound 1.54x"
+    assert vae.target == expected + " (target 1.6)"
+    assert vae.threshold == pytest.approx(0.9 * 10.0 / 6.5, abs=1e-3) and vae.status == "PASS"  # 1.43 >= 1.38
+    header, body = bm.table([row, fake_row(12.0, 10.0, 9.0)])
+    assert header[8:11] == ["GN-free CL ms", "GN-free dtypes CL ms", "GN-free bound"]
+    assert body[0][8:11] == ["5.00", "6.50", "1.54x"] and body[1][8:11] == ["-", "-", "-"]
+    only_identity = fake_row(12.0, 10.0, 7.0)
+    only_identity.measurements[bm.GN_FREE] = fake(bm.GN_FREE, 5.0)
+    assert only_identity.gn_free_limit == bm.GN_FREE and only_identity.gn_free_bound == pytest.approx(2.0)
+    assert fake_row(12.0, 10.0, 7.0).gn_free_limit is None
+
+
 def test_criteria_compile_rows_check_speed_and_memory_and_cpu_runs_are_not_judged() -> None:
     """Issue 13: at least 1.0x under torch.compile, and no more peak memory (no GN share there)."""
     compiled = fake_row(12.0, 9.0, 6.0, compiled=True)
@@ -707,6 +769,23 @@ def test_cli_gn_free_rows(tmp_path: Path) -> None:
     assert row["gn_free_ms"] == free["median_ms"]
     assert row["gn_free_bound"] == pytest.approx(row["baseline_ms"] / free["median_ms"])
     assert "| GN-free CL ms | GN-free bound |" in md and "GN-free bound = baseline ms / GN-free CL ms" in md
+
+
+def test_cli_gn_free_dtypes_rows(tmp_path: Path) -> None:
+    rc, data, md = run_json(
+        tmp_path, "--models", "vae", "--precisions", "bf16,fp32", "--gn-free", "--profile-gn", "0"
+    )
+    rows = {r["precision"]: r for r in data["rows"]}
+    assert rc == 0 and set(rows["bf16"]["measurements"]) > {bm.GN_FREE, bm.GN_FREE_DTYPES}
+    assert bm.GN_FREE_DTYPES not in rows["fp32"]["measurements"] and rows["fp32"]["gn_free_dtypes_ms"] is None
+    bf16 = rows["bf16"]
+    assert bf16["gn_free_dtypes_ms"] == bf16["measurements"][bm.GN_FREE_DTYPES]["median_ms"] > 0
+    slower = max(bf16["gn_free_ms"], bf16["gn_free_dtypes_ms"])
+    assert bf16["gn_free_bound"] == pytest.approx(bf16["baseline_ms"] / slower)
+    assert bf16["gn_free_limit"] in (bm.GN_FREE, bm.GN_FREE_DTYPES)
+    assert (
+        "| GN-free CL ms | GN-free dtypes CL ms | GN-free bound |" in md and "torch's GroupNorm returns" in md
+    )
 
 
 def test_cli_fuse_calls_and_compile(tmp_path: Path) -> None:

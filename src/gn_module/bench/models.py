@@ -75,6 +75,11 @@ CONFIGS = (*BASELINE_LAYOUTS, SWAPPED)
 #: --gn-free: channels_last with every GroupNorm replaced by identity (its fused activation kept). No
 #: GroupNorm, ours included, can make the swapped step (channels_last) faster than this one.
 GN_FREE = "gn_free"
+#: --gn-free, bf16 rows whose swap keeps torch's dtypes (the defaults: float32 output under autocast, calls
+#: not fused): every GroupNorm replaced by a cast to the dtype torch's GroupNorm returns, its activation
+#: kept. Any GroupNorm with torch's dtypes reads x and writes a float32 y there, so none can beat this step.
+GN_FREE_DTYPES = "gn_free_dtypes"
+GN_FREE_CONFIGS = (GN_FREE, GN_FREE_DTYPES)
 LAYOUT_LABEL = {"channels_last": "CL", "contiguous": "NCHW"}
 #: A baseline step this many times its GPU busy time or more waits on the host (`Row.host_bound`).
 HOST_BOUND_RATIO = 1.5
@@ -193,13 +198,25 @@ class Row:
             return []
         return [b / s for b, s in zip(base.round_ms, ours.round_ms, strict=True) if s]
 
-    @property
-    def gn_free_bound(self) -> float | None:
-        """baseline ms / GN-free ms: the most a GroupNorm swapped in on channels_last can give (--gn-free)."""
-        base, free = self.baseline, self.measurements.get(GN_FREE)
+    def _bound(self, config: str) -> float | None:
+        base, free = self.baseline, self.measurements.get(config)
         if base is None or free is None or not free.ok or not free.median_ms:
             return None
         return base.median_ms / free.median_ms
+
+    @property
+    def gn_free_bound(self) -> float | None:
+        """baseline ms / GN-free ms: the most a GroupNorm swapped in on channels_last can give (--gn-free).
+        The lower of the measured bounds: the one with torch's dtypes is only measured where the swap keeps
+        them, and there it is the limit."""
+        bounds = [b for b in map(self._bound, GN_FREE_CONFIGS) if b is not None]
+        return min(bounds) if bounds else None
+
+    @property
+    def gn_free_limit(self) -> str | None:
+        """Which GN-free configuration sets `gn_free_bound`."""
+        bounds = [(b, c) for c in GN_FREE_CONFIGS if (b := self._bound(c)) is not None]
+        return min(bounds)[1] if bounds else None
 
     @property
     def saved_ms(self) -> float | None:
@@ -259,7 +276,11 @@ class Row:
             "busy_speedup": self.busy_speedup,
             "host_bound": self.host_bound,
             "gn_free_ms": (self.measurements[GN_FREE].median_ms if GN_FREE in self.measurements else None),
+            "gn_free_dtypes_ms": (
+                self.measurements[GN_FREE_DTYPES].median_ms if GN_FREE_DTYPES in self.measurements else None
+            ),
             "gn_free_bound": self.gn_free_bound,
+            "gn_free_limit": self.gn_free_limit,
             "baseline_peak_mib": base.peak_mib if base else None,
             "swapped_peak_mib": ours.peak_mib if ours else None,
             "baseline_compile_s": base.first_step_s if base and self.compiled else None,
@@ -353,12 +374,22 @@ class Settings:
     fuse_calls: bool = False
     autocast_output: str = "float32"  # convert_groupnorm's: "input" keeps bf16 under autocast
     batch: int | None = None  # None: each model's own
-    gn_free: bool = False  # eager rows also time GN_FREE
+    gn_free: bool = False  # eager rows also time GN_FREE (and GN_FREE_DTYPES where `gn_free_configs` says)
     compile_backend: str = "inductor"
     compile_mode: str | None = None
     seed: int = SEED
     # torch's layouts timed as baselines (--baseline-layouts): both by default; one saves a cold compile
     baseline_layouts: tuple[str, ...] = BASELINE_LAYOUTS
+
+
+def gn_free_configs(settings: Settings, precision: str) -> tuple[str, ...]:
+    """The GN-free configurations an eager row times: none without --gn-free; GN_FREE; and GN_FREE_DTYPES in
+    the bf16 rows whose swap keeps torch's dtypes and fuses no calls (a fused activation could beat a
+    bound that runs it on its own; in fp32 the cast is identity)."""
+    if not settings.gn_free:
+        return ()
+    keeps_dtypes = settings.autocast_output == "float32" and not settings.fuse_calls
+    return (GN_FREE, GN_FREE_DTYPES) if keeps_dtypes and precision == "bf16" else (GN_FREE,)
 
 
 def batch_size(spec: ModelSpec, settings: Settings) -> int:
@@ -444,8 +475,8 @@ def _build(
             model, fuse_calls=settings.fuse_calls, autocast_output=settings.autocast_output
         )
         m.conversion, m.rewritten = report.summary(), len(report.rewritten)
-    elif m.config == GN_FREE:
-        model = without_groupnorm(model)
+    elif m.config in GN_FREE_CONFIGS:
+        model = without_groupnorm(model, torch_dtypes=m.config == GN_FREE_DTYPES)
     fmt = torch.contiguous_format if m.config == "contiguous" else torch.channels_last
     model = model.to(device).to(memory_format=fmt)
     batch = _to_device(batch_cpu, device, fmt)
@@ -477,15 +508,32 @@ def _build(
     return step, own
 
 
-def without_groupnorm(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with every GroupNorm (subclasses included) replaced by identity, or by its own
-    activation module where it has one (timm's GroupNormAct: ``.act``), in place."""
+class TorchDtypeCast(torch.nn.Module):
+    """x in the dtype torch's GroupNorm would return, and nothing else: CUDA's autocast runs group_norm
+    in float32, so there a float16/bfloat16 x becomes float32; otherwise (the CPU's autocast has no
+    float32 rule for it) x itself."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in (torch.float16, torch.bfloat16) and x.is_cuda and torch.is_autocast_enabled("cuda"):
+            return x.float()
+        return x
+
+
+def without_groupnorm(model: torch.nn.Module, torch_dtypes: bool = False) -> torch.nn.Module:
+    """``model`` with every GroupNorm (subclasses included) replaced by identity (``torch_dtypes``: by
+    `TorchDtypeCast`), followed by its own activation module where it has one (timm's GroupNormAct:
+    ``.act``), in place."""
     for name, child in list(model.named_children()):
         if isinstance(child, torch.nn.GroupNorm):
             act = getattr(child, "act", None)
-            setattr(model, name, act if isinstance(act, torch.nn.Module) else torch.nn.Identity())
+            stand_in: list[torch.nn.Module] = [TorchDtypeCast()] if torch_dtypes else []
+            stand_in += [act] if isinstance(act, torch.nn.Module) else []
+            if len(stand_in) > 1:
+                setattr(model, name, torch.nn.Sequential(*stand_in))
+            else:
+                setattr(model, name, stand_in[0] if stand_in else torch.nn.Identity())
         else:
-            without_groupnorm(child)
+            without_groupnorm(child, torch_dtypes)
     return model
 
 
@@ -596,7 +644,7 @@ def run_row(
             log(f"{spec.name:24} {precision} {mode:7} {'GPU busy':13} {_busy_text(row)}")
         return row
 
-    configs = (*settings.baseline_layouts, SWAPPED, *((GN_FREE,) if settings.gn_free else ()))
+    configs = (*settings.baseline_layouts, SWAPPED, *gn_free_configs(settings, precision))
     trainers = [prepare(spec, c, precision, False, batch_cpu, device, settings) for c in configs]
     time_rounds(trainers, settings, device)
     steps = {t.m.config: t.step for t in trainers}  # finish() drops them; profiling needs one
@@ -727,8 +775,9 @@ def _speedup_target(target: str, r: Row, minimum: float) -> tuple[str, float | N
     bound = r.gn_free_bound
     if bound is not None and LIMIT_FRACTION * bound < minimum:
         limited = round(LIMIT_FRACTION * bound, 3)
+        kind = " (torch's dtypes)" if r.gn_free_limit == GN_FREE_DTYPES else ""
         return (
-            f"{target}, {LIMIT_FRACTION:g} x the GN-free bound {bound:.2f}x (target {minimum:g})",
+            f"{target}, {LIMIT_FRACTION:g} x the GN-free{kind} bound {bound:.2f}x (target {minimum:g})",
             r.speedup,
             limited,
             True,
@@ -782,6 +831,7 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     profiled = _profiled(rows)
     hosted = any(r.host_ms for r in rows)
     gn_free = any(GN_FREE in r.measurements for r in rows)
+    gn_free_dtypes = any(GN_FREE_DTYPES in r.measurements for r in rows)
     header = [
         "model",
         "precision",
@@ -793,7 +843,7 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
         "speedup",
     ]
     if gn_free:
-        header += ["GN-free CL ms", "GN-free bound"]
+        header += ["GN-free CL ms", *(["GN-free dtypes CL ms"] if gn_free_dtypes else []), "GN-free bound"]
     if profiled:
         header += ["GN ms", "GN share", "saved ms", "saved/GN", "ours GN ms", "GPU busy ms baseline/swapped"]
         header += ["GPU-busy speedup"]
@@ -820,13 +870,14 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
             "-" if r.speedup is None else f"{r.speedup:.2f}x",
         ]
         if gn_free:
-            free = r.measurements.get(GN_FREE)
-            cells += [
-                _ms(free.median_ms)
-                if free is not None and free.ok
-                else ("error" if free is not None else "-"),
-                "-" if r.gn_free_bound is None else f"{r.gn_free_bound:.2f}x",
-            ]
+            for config in (GN_FREE, GN_FREE_DTYPES) if gn_free_dtypes else (GN_FREE,):
+                free = r.measurements.get(config)
+                cells.append(
+                    _ms(free.median_ms)
+                    if free is not None and free.ok
+                    else ("error" if free is not None else "-")
+                )
+            cells.append("-" if r.gn_free_bound is None else f"{r.gn_free_bound:.2f}x")
         if profiled:
             cells += [
                 _ms(r.gn.total_ms) if r.gn else ("error" if r.gn_error else "-"),
@@ -968,6 +1019,13 @@ def render_markdown_report(report: ModelsReport) -> str:
             f"{LIMIT_FRACTION:g} x the bound becomes {LIMIT_FRACTION:g} x the bound."
             if any(GN_FREE in r.measurements for r in report.rows)
             else ""
+        )
+        + (
+            " GN-free dtypes CL ms: the same with a cast to the dtype torch's GroupNorm returns (float32 "
+            "under autocast) in place of identity, timed in the bf16 rows of a swap that keeps torch's "
+            "dtypes and fuses no calls; where it is timed, the bound is the lower of the two."
+            if any(GN_FREE_DTYPES in r.measurements for r in report.rows)
+            else ""
         ),
     ]
     source = _gn_source_line(report.rows)
@@ -1052,7 +1110,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="eager rows: also time channels_last with every GroupNorm replaced by identity (its activation "
         "kept): the bound no GroupNorm on channels_last can beat; speedup targets above "
-        f"{LIMIT_FRACTION:g} x that bound become {LIMIT_FRACTION:g} x the bound",
+        f"{LIMIT_FRACTION:g} x that bound become {LIMIT_FRACTION:g} x the bound. bf16 rows of a swap that "
+        "keeps torch's dtypes (no --fuse-calls, --autocast-output float32) also time a cast to torch's "
+        "output dtype in its place, the bound for GroupNorms with torch's dtypes",
     )
     p.add_argument(
         "--baseline-layouts",
