@@ -195,3 +195,42 @@ def test_a_chain_floor_under_the_target_leaves_the_issue_target() -> None:
     key = (SMALL.name, "fp16", "bwd")
     by = {c.target: c for c in bench_targets.check_targets(results, COPY_TBPS, {}, {key: 9.0})}
     assert set(by) == {"small us"} and by["small us"].passed is False
+
+
+def peer_checks(ours_us: float, peers: dict[str, float], floor_us: float | None, case: Case = SMALL) -> dict:
+    results = [Result(case, "fp16", "fwd", "ours-auto", t(ours_us))]
+    results += [Result(case, "fp16", "fwd", impl, t(us)) for impl, us in peers.items()]
+    key = (case.name, "fp16", "fwd")
+    chain = {} if floor_us is None else {key: floor_us}
+    return {c.target: c for c in bench_targets.check_targets(results, COPY_TBPS, {}, chain)}
+
+
+def test_a_speedup_target_the_floor_rules_out_becomes_ninety_percent_of_the_peer_over_the_floor() -> None:
+    """2x320x64x64 with compile's best at 15.0 us and a 13.44 us chain floor: no GroupNorm reaches 1.5x
+    (15.0 / 13.44 = 1.116x at most), so that target is 0.9 x 1.116; the 1.0x target stays the issue's."""
+    by = peer_checks(14.0, {"compile-cl": 20.0, "compile-nchw": 15.0}, 13.44)
+    check = by["x compile-best (<=64MiB), 90 % of the chain floor"]
+    assert check.threshold == pytest.approx(0.9 * 15.0 / 13.44) and check.value == pytest.approx(15.0 / 14.0)
+    assert check.passed is True and "issue: 1.5" in check.note and "1.116" in check.note
+    assert by["x compile-best"].threshold == 1.0 and by["x compile-best"].passed is True
+    slower = peer_checks(15.5, {"compile-nchw": 15.0}, 13.44)[
+        "x compile-best (<=64MiB), 90 % of the chain floor"
+    ]
+    assert slower.passed is False  # 0.97x against 1.004x
+
+
+def test_a_speedup_target_stays_the_issues_where_the_floor_leaves_it_reachable_or_is_unmeasured() -> None:
+    by = peer_checks(14.0, {"compile-nchw": 25.0}, 13.44)  # the floor allows 1.86x
+    assert by["x compile-best (<=64MiB)"].threshold == 1.5 and by["x compile-best (<=64MiB)"].passed is True
+    unmeasured = peer_checks(14.0, {"compile-nchw": 15.0}, None)
+    assert unmeasured["x compile-best (<=64MiB)"].threshold == 1.5
+    assert unmeasured["x compile-best (<=64MiB)"].passed is False
+
+
+def test_the_peer_targets_of_mid_rows_follow_the_floor_too() -> None:
+    """x eager and x compile-cl (from 8 MiB up) are speedups over a peer as well."""
+    by = peer_checks(20.0, {"eager": 50.0, "compile-cl": 22.0}, 12.0, case=MID16)
+    eager, cl = by["x eager, 90 % of the chain floor"], by["x compile-cl, 90 % of the chain floor"]
+    assert eager.threshold == pytest.approx(0.9 * 50.0 / 12.0) and eager.passed is False  # 2.5 < 3.75
+    assert cl.threshold == pytest.approx(0.9 * 22.0 / 12.0) and cl.passed is False  # 1.1 < 1.65
+    assert "x compile-cl" in peer_checks(20.0, {"compile-cl": 25.0}, 12.0, case=MID16)  # 2.08x allows 2x

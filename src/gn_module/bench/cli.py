@@ -91,14 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-floors",
         action="store_true",
-        help="skip timing each row's floor (one launch moving its minimum bytes), which lowers a SOL or "
-        "latency target the floor rules out to 90 %% of the floor",
+        help="skip timing each row's floor (one launch moving its minimum bytes), which lowers a SOL, "
+        "latency or speedup target the floor rules out to 90 %% of what the floor allows",
     )
     p.add_argument(
         "--chain-floors",
         metavar="PATH",
-        help="JSON of scripts/chain_floor.py measured on this GPU: a SOL or latency target its bare "
-        "read-reduce-write chain rules out is judged at 90 %% of that chain floor",
+        help="JSON of scripts/chain_floor.py measured on this GPU: a SOL, latency or speedup target its "
+        "bare read-reduce-write chain rules out is judged at 90 %% of what that chain floor allows",
     )
     p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: torch's default)")
     p.add_argument("--device", default="cuda", help="CUDA device, e.g. cuda:1")
