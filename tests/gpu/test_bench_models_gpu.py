@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("autocast", [torch.float16, torch.bfloat16, None])
 def test_torch_dtype_cast_matches_torch_group_norm_dtypes(dtype: torch.dtype, autocast: torch.dtype | None):
-    gn = nn.GroupNorm(2, 8).cuda()
+    # Outside autocast a model's GroupNorm holds x's dtype (torch's native kernel wants matching dtypes).
+    gn = nn.GroupNorm(2, 8).cuda().to(torch.float32 if autocast is not None else dtype)
     x = torch.randn(2, 8, 4, 4, device="cuda", dtype=dtype, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_(True)
     with torch.autocast("cuda", dtype=autocast or torch.float16, enabled=autocast is not None):
