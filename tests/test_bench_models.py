@@ -626,6 +626,7 @@ def test_the_dtype_bound_is_the_limit_where_it_was_timed() -> None:
     """With both GN-free steps timed, the bound is the lower one (the cast's), and a target it lowers says
     so; the table shows both steps."""
     row = fake_row(12.0, 10.0, 7.0)
+    row.measurements[bm.SWAPPED].conversion = {"swapped": 52, "fused": 0}  # the VAE's defaults
     row.measurements[bm.GN_FREE] = fake(bm.GN_FREE, 5.0)  # identity: 2x
     row.measurements[bm.GN_FREE_DTYPES] = fake(bm.GN_FREE_DTYPES, 6.5)  # the cast: 1.54x
     assert row.gn_free_bound == pytest.approx(10.0 / 6.5) and row.gn_free_limit == bm.GN_FREE_DTYPES
@@ -640,6 +641,13 @@ def test_the_dtype_bound_is_the_limit_where_it_was_timed() -> None:
     only_identity.measurements[bm.GN_FREE] = fake(bm.GN_FREE, 5.0)
     assert only_identity.gn_free_limit == bm.GN_FREE and only_identity.gn_free_bound == pytest.approx(2.0)
     assert fake_row(12.0, 10.0, 7.0).gn_free_limit is None
+    fused = fake_row(12.0, 10.0, 7.0)  # timm's GroupNormAct fused: the cast-then-act step bounds nothing
+    fused.measurements[bm.SWAPPED].conversion = {"swapped": 4, "fused": 2}
+    fused.measurements[bm.GN_FREE] = fake(bm.GN_FREE, 5.0)
+    fused.measurements[bm.GN_FREE_DTYPES] = fake(bm.GN_FREE_DTYPES, 6.5)
+    assert fused.gn_free_limit == bm.GN_FREE and fused.gn_free_bound == pytest.approx(2.0)
+    fused.measurements[bm.SWAPPED].conversion = {"swapped": 4, "fused": 0}
+    assert fused.gn_free_limit == bm.GN_FREE_DTYPES
 
 
 def test_criteria_compile_rows_check_speed_and_memory_and_cpu_runs_are_not_judged() -> None:
