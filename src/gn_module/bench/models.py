@@ -216,8 +216,8 @@ class Row:
         """baseline ms / GN-free ms: the most a GroupNorm swapped in on channels_last can give (--gn-free).
         The lower of the measured bounds: the one with torch's dtypes is only measured where the swap keeps
         them, and there it is the limit (unless the swap fused an activation)."""
-        bounds = [b for b in map(self._bound, self._bounding_configs) if b is not None]
-        return min(bounds) if bounds else None
+        limit = self.gn_free_limit
+        return None if limit is None else self._bound(limit)
 
     @property
     def gn_free_limit(self) -> str | None:
