@@ -25,9 +25,9 @@ Where the run measured a row's floor (`floor`: one launch moving the row's minim
 the SOL or latency target out, that target becomes 90 % of the floor (the issues' "90 % of a measured limit"),
 named "..., 90 % of the floor" with the issue's target in the note. The same holds for a speedup over a peer:
 the peer's time over the floor is the most any GroupNorm can reach, and a speedup target above it becomes 90 %
-of it. A chain floor (`chain_floors`: the bare
-read-reduce-write chain of scripts/chain_floor.py, measured on the same device) is the tighter limit where it
-is slower than the copy floor; the target is then named "..., 90 % of the chain floor".
+of it. A chain floor (`chain_floors`: the bare read-reduce-write chain of scripts/chain_floor.py, measured on
+the same device) is the tighter limit where it is slower than the copy floor; the target is then named "...,
+90 % of the chain floor".
 
 "A sample fits on chip" (issue 12: "each sample's 16 MiB fits on chip", 32x128x256x256; issue 13: "a
 sample's channel window fits on chip") is ruled as: the tensor has more than one sample and one sample's
