@@ -27,6 +27,7 @@ from gn_module.bench.gn_share import GnShare
 from gn_module.bench.models import Measurement, ModelsReport, Row
 from gn_module.bench.report import checks_lines
 from gn_module.bench.targets import TargetCheck
+from gn_module.convert import convert_groupnorm
 
 SRC = str(Path(gn_module.__file__).resolve().parents[1])
 CPU = ["--tiny", "--device", "cpu"]
@@ -580,6 +581,39 @@ def test_without_groupnorm_keeps_the_activation() -> None:
     ]  # fmt: skip
 
 
+def test_gn_free_model_drops_the_activations_the_swap_fused_and_keeps_the_rest() -> None:
+    """Session 67 noticed the identity step kept a fused activation as a pass of its own, so a swap that
+    fuses it could beat that "bound". The GN-free model is now the swapped one with its GroupNorms costing
+    nothing: a SiLU fused into one goes with it; a Tanh (no epilogue) and the activation of a GroupNorm the
+    swap skipped stay, as they run in the swapped step too."""
+
+    class NormAct(nn.GroupNorm):  # not timm's class: the swap leaves this subclass alone
+        def __init__(self) -> None:
+            super().__init__(2, 4)
+            self.act = nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.act(super().forward(x))
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Conv2d(3, 4, 1), nn.GroupNorm(2, 4), nn.SiLU(), nn.GroupNorm(2, 4), nn.Tanh(), NormAct()
+        )
+
+    for torch_dtypes in (False, True):
+        free = bm.gn_free_model(build(), bm.Settings(), torch_dtypes=torch_dtypes)
+        stand_in = "TorchDtypeCast" if torch_dtypes else "Identity"
+        names = [type(m).__name__ for m in free.children()]
+        assert names[:3] == ["Conv2d", stand_in, "SiLUSlot"] and names[3:5] == [stand_in, "Tanh"]
+        assert [type(m).__name__ for m in free[5].modules()][-1] == "ReLU"  # the skipped subclass's act stays
+        x = torch.randn(2, 3, 5, 5)
+        assert torch.equal(free(x), torch.relu(torch.tanh(free[0](x))))
+    swapped, _ = convert_groupnorm(build())
+    assert [type(m).__name__ for m in swapped.children()][1:3] == ["GroupNorm", "SiLUSlot"]
+    assert swapped[1].act == "silu" and swapped[3].act is None  # what the GN-free model stands in for
+
+
 def test_torch_dtype_cast_returns_the_dtype_torch_group_norm_returns() -> None:
     """The GN-free stand-in with torch's dtypes, on the CPU: its autocast has no float32 rule for
     group_norm, so x itself, as torch's GroupNorm (CUDA's float32: tests/gpu/test_bench_models_gpu.py)."""
@@ -612,7 +646,7 @@ def test_without_groupnorm_with_torch_dtypes_casts_then_keeps_the_activation() -
         ({}, "bf16", ()),
         ({"gn_free": True}, "bf16", (bm.GN_FREE, bm.GN_FREE_DTYPES)),
         ({"gn_free": True}, "fp32", (bm.GN_FREE,)),  # the cast is identity there
-        ({"gn_free": True, "fuse_calls": True}, "bf16", (bm.GN_FREE,)),  # a fused SiLU could beat it
+        ({"gn_free": True, "fuse_calls": True}, "bf16", (bm.GN_FREE, bm.GN_FREE_DTYPES)),  # fused ones go too
         ({"gn_free": True, "autocast_output": "input"}, "bf16", (bm.GN_FREE,)),  # not torch's dtypes
     ],
 )
@@ -641,13 +675,11 @@ def test_the_dtype_bound_is_the_limit_where_it_was_timed() -> None:
     only_identity.measurements[bm.GN_FREE] = fake(bm.GN_FREE, 5.0)
     assert only_identity.gn_free_limit == bm.GN_FREE and only_identity.gn_free_bound == pytest.approx(2.0)
     assert fake_row(12.0, 10.0, 7.0).gn_free_limit is None
-    fused = fake_row(12.0, 10.0, 7.0)  # timm's GroupNormAct fused: the cast-then-act step bounds nothing
+    fused = fake_row(12.0, 10.0, 7.0)  # activations fused: both steps drop them too, so both still bound
     fused.measurements[bm.SWAPPED].conversion = {"swapped": 4, "fused": 2}
     fused.measurements[bm.GN_FREE] = fake(bm.GN_FREE, 5.0)
     fused.measurements[bm.GN_FREE_DTYPES] = fake(bm.GN_FREE_DTYPES, 6.5)
-    assert fused.gn_free_limit == bm.GN_FREE and fused.gn_free_bound == pytest.approx(2.0)
-    fused.measurements[bm.SWAPPED].conversion = {"swapped": 4, "fused": 0}
-    assert fused.gn_free_limit == bm.GN_FREE_DTYPES
+    assert fused.gn_free_limit == bm.GN_FREE_DTYPES and fused.gn_free_bound == pytest.approx(10.0 / 6.5)
 
 
 def test_criteria_compile_rows_check_speed_and_memory_and_cpu_runs_are_not_judged() -> None:

@@ -72,12 +72,13 @@ PRECISIONS = ("fp32", "bf16")
 BASELINE_LAYOUTS = ("channels_last", "contiguous")
 SWAPPED = "swapped"
 CONFIGS = (*BASELINE_LAYOUTS, SWAPPED)
-#: --gn-free: channels_last with every GroupNorm replaced by identity (its fused activation kept). No
-#: GroupNorm, ours included, can make the swapped step (channels_last) faster than this one.
+#: --gn-free: the swapped model (channels_last) with every GroupNorm replaced by identity, together with
+#: the activation the swap fused into it; an activation the swap left alone stays. No GroupNorm, ours
+#: included, can make the swapped step faster than this one.
 GN_FREE = "gn_free"
-#: --gn-free, bf16 rows whose swap keeps torch's dtypes (the defaults: float32 output under autocast, calls
-#: not fused): every GroupNorm replaced by a cast to the dtype torch's GroupNorm returns, its activation
-#: kept. Any GroupNorm with torch's dtypes reads x and writes a float32 y there, so none can beat this step.
+#: --gn-free, bf16 rows whose swap keeps torch's dtypes (the defaults: float32 output under autocast): the
+#: same with a cast to the dtype torch's GroupNorm returns in place of identity. Any GroupNorm with torch's
+#: dtypes reads x and writes a float32 y there, so none can beat this step.
 GN_FREE_DTYPES = "gn_free_dtypes"
 GN_FREE_CONFIGS = (GN_FREE, GN_FREE_DTYPES)
 LAYOUT_LABEL = {"channels_last": "CL", "contiguous": "NCHW"}
@@ -205,24 +206,17 @@ class Row:
         return base.median_ms / free.median_ms
 
     @property
-    def _bounding_configs(self) -> tuple[str, ...]:
-        # The torch-dtypes step runs each activation on its own after the cast: where the swap fused one
-        # (timm's GroupNormAct), ours skips that pass and may beat the step, so it bounds nothing there.
-        conversion = (self.measurements.get(SWAPPED) or Measurement(SWAPPED)).conversion or {}
-        return GN_FREE_CONFIGS if not conversion.get("fused") else (GN_FREE,)
-
-    @property
     def gn_free_bound(self) -> float | None:
         """baseline ms / GN-free ms: the most a GroupNorm swapped in on channels_last can give (--gn-free).
         The lower of the measured bounds: the one with torch's dtypes is only measured where the swap keeps
-        them, and there it is the limit (unless the swap fused an activation)."""
+        them, and there it is the limit."""
         limit = self.gn_free_limit
         return None if limit is None else self._bound(limit)
 
     @property
     def gn_free_limit(self) -> str | None:
         """Which GN-free configuration sets `gn_free_bound`."""
-        bounds = [(b, c) for c in self._bounding_configs if (b := self._bound(c)) is not None]
+        bounds = [(b, c) for c in GN_FREE_CONFIGS if (b := self._bound(c)) is not None]
         return min(bounds)[1] if bounds else None
 
     @property
@@ -391,11 +385,10 @@ class Settings:
 
 def gn_free_configs(settings: Settings, precision: str) -> tuple[str, ...]:
     """The GN-free configurations an eager row times: none without --gn-free; GN_FREE; and GN_FREE_DTYPES in
-    the bf16 rows whose swap keeps torch's dtypes and fuses no calls (a fused activation could beat a
-    bound that runs it on its own; in fp32 the cast is identity)."""
+    the bf16 rows whose swap keeps torch's dtypes (in fp32 the cast is identity)."""
     if not settings.gn_free:
         return ()
-    keeps_dtypes = settings.autocast_output == "float32" and not settings.fuse_calls
+    keeps_dtypes = settings.autocast_output == "float32"
     return (GN_FREE, GN_FREE_DTYPES) if keeps_dtypes and precision == "bf16" else (GN_FREE,)
 
 
@@ -483,7 +476,7 @@ def _build(
         )
         m.conversion, m.rewritten = report.summary(), len(report.rewritten)
     elif m.config in GN_FREE_CONFIGS:
-        model = without_groupnorm(model, torch_dtypes=m.config == GN_FREE_DTYPES)
+        model = gn_free_model(model, settings, torch_dtypes=m.config == GN_FREE_DTYPES)
     fmt = torch.contiguous_format if m.config == "contiguous" else torch.channels_last
     model = model.to(device).to(memory_format=fmt)
     batch = _to_device(batch_cpu, device, fmt)
@@ -526,10 +519,23 @@ class TorchDtypeCast(torch.nn.Module):
         return x
 
 
+def gn_free_model(model: torch.nn.Module, settings: Settings, torch_dtypes: bool = False) -> torch.nn.Module:
+    """The swapped model (`convert_groupnorm` with ``settings``' options) with its GroupNorms costing
+    nothing (`without_groupnorm`): an activation the swap fused into a GroupNorm goes with it, since
+    the swapped step runs it in the GroupNorm's kernel; one the swap left alone stays."""
+    from gn_module.convert import convert_groupnorm
+
+    model, _ = convert_groupnorm(
+        model, fuse_calls=settings.fuse_calls, autocast_output=settings.autocast_output
+    )
+    return without_groupnorm(model, torch_dtypes)
+
+
 def without_groupnorm(model: torch.nn.Module, torch_dtypes: bool = False) -> torch.nn.Module:
     """``model`` with every GroupNorm (subclasses included) replaced by identity (``torch_dtypes``: by
     `TorchDtypeCast`), followed by its own activation module where it has one (timm's GroupNormAct:
-    ``.act``), in place."""
+    ``.act``), in place. On a converted model ours go with the activations fused into them: their ``act``
+    is a name, not a module, and the slot the swap left is an identity."""
     for name, child in list(model.named_children()):
         if isinstance(child, torch.nn.GroupNorm):
             act = getattr(child, "act", None)
@@ -1020,8 +1026,9 @@ def render_markdown_report(report: ModelsReport) -> str:
         "swapped/fused: GroupNorm layers swapped / with SiLU fused. Compile s: wall time of the first "
         "compiled step."
         + (
-            " GN-free CL ms (--gn-free): channels_last with every GroupNorm replaced by identity (its "
-            "activation kept), taking turns with the others; GN-free bound = baseline ms / GN-free CL ms, "
+            " GN-free CL ms (--gn-free): the swapped model with every GroupNorm replaced by identity, the "
+            "activations the swap fused into them included (the others kept), taking turns with the "
+            "others; GN-free bound = baseline ms / GN-free CL ms, "
             "the most a GroupNorm swapped in on channels_last can give; a speedup target above "
             f"{LIMIT_FRACTION:g} x the bound becomes {LIMIT_FRACTION:g} x the bound."
             if any(GN_FREE in r.measurements for r in report.rows)
@@ -1030,8 +1037,7 @@ def render_markdown_report(report: ModelsReport) -> str:
         + (
             " GN-free dtypes CL ms: the same with a cast to the dtype torch's GroupNorm returns (float32 "
             "under autocast) in place of identity, timed in the bf16 rows of a swap that keeps torch's "
-            "dtypes and fuses no calls; where it is timed, the bound is the lower of the two, unless the "
-            "swap fused an activation (its step runs each one on its own)."
+            "dtypes; where it is timed, the bound is the lower of the two."
             if any(GN_FREE_DTYPES in r.measurements for r in report.rows)
             else ""
         ),
