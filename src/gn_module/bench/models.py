@@ -1122,11 +1122,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gn-free",
         action="store_true",
-        help="eager rows: also time channels_last with every GroupNorm replaced by identity (its activation "
-        "kept): the bound no GroupNorm on channels_last can beat; speedup targets above "
-        f"{LIMIT_FRACTION:g} x that bound become {LIMIT_FRACTION:g} x the bound. bf16 rows of a swap that "
-        "keeps torch's dtypes (no --fuse-calls, --autocast-output float32) also time a cast to torch's "
-        "output dtype in its place, the bound for GroupNorms with torch's dtypes",
+        help="eager rows: also time the swapped model with every GroupNorm replaced by identity, with the "
+        "activations the swap fused into them (the others kept): the bound no GroupNorm on channels_last can "
+        f"beat; speedup targets above {LIMIT_FRACTION:g} x that bound become {LIMIT_FRACTION:g} x the bound. "
+        "bf16 rows of a swap that keeps torch's dtypes (--autocast-output float32) also time a cast to "
+        "torch's output dtype in its place, the bound for GroupNorms with torch's dtypes",
     )
     p.add_argument(
         "--baseline-layouts",
