@@ -10,6 +10,8 @@
 #   paired    fused and -DGN_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
 #   pairedfwd fwdapply and -DGN_SILU_PAIRED_RCP=2 (the forward's 16-bit SiLU apply only; the backward's
 #             kernels are the default's; the default build since session 66)
+#   quadfwd   -DGN_SILU_QUAD_RCP=1: the forward's SiLU apply of a float16 x and y with four sigmoids per
+#             MUFU.RCP (gn_kernels.cuh reciprocal_quad; other bits: float32's rounding of 1 / d differs)
 #   bf16words -DGN_EXP_BF16_WORDS=1: bfloat16 elements converted from their 32-bit words (the same bits)
 #   fullrows  -DGN_EXP_FULL_ROWS=1: a chunk's rows in one straight-line block where all are in range (the
 #             backward's stats loop, the forward's apply, the one launch's dx loop; the same bits)
@@ -30,7 +32,7 @@
 # launch of default and the last variant (pipe utilization, warp stalls, L2 hit rate). Logs under OUT, the
 # lines to read in OUT/summary.txt.
 #   bash scripts/fused_apply_check.sh OUT
-# Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_PASSES_SHAPES (the l2keep builds' one
+# Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_DIRECTIONS (default fwd,bwd), FUSED_PASSES_SHAPES (the l2keep builds' one
 # launch against two), FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default
 # 1x128x1024x1024:silu), FUSED_NCU_FLAGS, FUSED_STAGGERS (default 16000:2: the staggered one launches'
 # GN_TEAM_STAGGER values), FUSED_BUDGET_S (default 540: a step that would likely end past it is skipped and says
@@ -50,6 +52,7 @@ flag_of() {
     fused) echo "$all" ;;
     paired) echo "$all -DGN_SILU_PAIRED_RCP=1" ;;
     pairedfwd) echo "-DGN_FWD_FUSED_APPLY=1 -DGN_SILU_PAIRED_RCP=2" ;;
+    quadfwd) echo "-DGN_SILU_QUAD_RCP=1" ;;
     bf16words) echo "-DGN_EXP_BF16_WORDS=1" ;;
     fullrows) echo "-DGN_EXP_FULL_ROWS=1" ;;
     fullrows2) echo "-DGN_EXP_FULL_ROWS=2" ;;
@@ -96,8 +99,8 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
       fits 40 "$dt, $v, round $round" || continue
       step "$dt, $v, round $round"
       # shellcheck disable=SC2086  # (the shapes are separate arguments)
-      GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 python3 scripts/time_shapes.py $shapes --dtype $dt --directions fwd,bwd \
-        --json "$out/${dt}_${v}_$round.json" >"$out/${dt}_${v}_$round.log" 2>&1 || status=1
+      GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 python3 scripts/time_shapes.py $shapes --dtype $dt \
+        --directions "${FUSED_DIRECTIONS:-fwd,bwd}" --json "$out/${dt}_${v}_$round.json" >"$out/${dt}_${v}_$round.log" 2>&1 || status=1
       rows "$out/${dt}_${v}_$round.log"
     done
   done
