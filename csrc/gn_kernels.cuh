@@ -176,27 +176,6 @@ __device__ __forceinline__ void reciprocal_pair(float d0, float d1, float& r0, f
   r0 = d0 > kCap ? 0.f : c1 * r;
   r1 = d1 > kCap ? 0.f : c0 * r;
 }
-// 1 / d[0..3] from one MUFU.RCP (GN_SILU_QUAD_RCP, an experiment: the forward's SiLU apply of a float16 y only):
-// r = 1 / (d0 d1 d2 d3), then 1 / (d0 d1) = r d2 d3 and 1 / d0 = d1 / (d0 d1), and so on. Each denominator is capped
-// at 2^31, so the product (at most 2^124) stays finite and r normal; one past the cap (1 + exp(-z) for z < -21.4)
-// gets 0. That is exact for a float16 y only: there z * sigmoid(z) is below 2^-25 in magnitude, so it rounds to
-// the same -0 (a bfloat16 or float32 y would keep the tiny value: they take pairs). A NaN denominator is capped
-// like reciprocal_pair's: the others stay exact, its own stays NaN through z. About 3.5 ulp of float32.
-__device__ __forceinline__ void reciprocal_quad(const float (&d)[4], float (&r)[4]) {
-  constexpr float kCap = 0x1p31f;
-  const float c0 = fminf(d[0], kCap), c1 = fminf(d[1], kCap), c2 = fminf(d[2], kCap), c3 = fminf(d[3], kCap);
-  const float p01 = c0 * c1, p23 = c2 * c3;
-  float q;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(p01 * p23));
-  const float r01 = q * p23, r23 = q * p01;  // 1 / (c0 c1), 1 / (c2 c3)
-  r[0] = d[0] > kCap ? 0.f : c1 * r01;
-  r[1] = d[1] > kCap ? 0.f : c0 * r01;
-  r[2] = d[2] > kCap ? 0.f : c3 * r23;
-  r[3] = d[3] > kCap ? 0.f : c2 * r23;
-}
-#ifndef GN_SILU_QUAD_RCP
-#define GN_SILU_QUAD_RCP 0
-#endif
 // sigmoid(z0), sigmoid(z1) through reciprocal_pair
 __device__ __forceinline__ void sigmoid_pair(float z0, float z1, float& s0, float& s1) {
   reciprocal_pair(1.f + exp_neg(z0), 1.f + exp_neg(z1), s0, s1);

@@ -1,7 +1,5 @@
 // One member's phases in the forward: the walks of its chunk ring, its statistics and its apply.
 #pragma once
-#include <type_traits>
-
 #include "gn_task_reduce.cuh"
 
 namespace gn {
@@ -143,11 +141,6 @@ template <typename T, int V, int kAct>
 constexpr bool kPairedSilu = GN_SILU_PAIRED_RCP != 0 && kAct == kActSilu && sizeof(T) == 2 && V % 2 == 0;
 template <typename T, int V, int kAct>
 constexpr bool kPairedSiluBwd = kPairedSilu<T, V, kAct> && GN_SILU_PAIRED_RCP == 1;
-// Whether the forward's SiLU apply takes sigmoids four at a time (reciprocal_quad, -DGN_SILU_QUAD_RCP=1): a float16
-// x and y, a vector of 4k.
-template <typename T, int V, int kAct, typename TY>
-constexpr bool kQuadSilu = GN_SILU_QUAD_RCP != 0 && kAct == kActSilu && std::is_same_v<T, __half> &&
-                           std::is_same_v<TY, __half> && V % 4 == 0;
 
 // The per-thread (mean, scale, beta) of a task's statistics and parameters in shared memory; kFused:
 // beta holds beta - mean * scale and mean is unused (kFusedApply).
@@ -211,20 +204,7 @@ __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t
   auto row = [&](const T* px, TY* py) {
     const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(px);
     Pack<TY, V> o;
-    if constexpr (kQuadSilu<T, V, kAct, TY>) {
-#pragma unroll
-      for (int v = 0; v < V; v += 4) {
-        float z[4], d[4], r[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          z[i] = k_.z(pack_float(x, v + i), v + i);
-          d[i] = 1.f + exp_neg(z[i]);
-        }
-        reciprocal_quad(d, r);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o.v[v + i] = from_float<TY>(z[i] * r[i]);
-      }
-    } else if constexpr (kPairedSilu<T, V, kAct>) {
+    if constexpr (kPairedSilu<T, V, kAct>) {
 #pragma unroll
       for (int v = 0; v < V; v += 2) {
         const float z0 = k_.z(pack_float(x, v), v), z1 = k_.z(pack_float(x, v + 1), v + 1);

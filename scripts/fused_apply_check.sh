@@ -10,8 +10,6 @@
 #   paired    fused and -DGN_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
 #   pairedfwd fwdapply and -DGN_SILU_PAIRED_RCP=2 (the forward's 16-bit SiLU apply only; the backward's
 #             kernels are the default's; the default build since session 66)
-#   quadfwd   -DGN_SILU_QUAD_RCP=1: the forward's SiLU apply of a float16 x and y with four sigmoids per
-#             MUFU.RCP (gn_kernels.cuh reciprocal_quad; other bits: float32's rounding of 1 / d differs)
 #   bf16words -DGN_EXP_BF16_WORDS=1: bfloat16 elements converted from their 32-bit words (the same bits)
 #   fullrows  -DGN_EXP_FULL_ROWS=1: a chunk's rows in one straight-line block where all are in range (the
 #             backward's stats loop, the forward's apply, the one launch's dx loop; the same bits)
@@ -52,7 +50,6 @@ flag_of() {
     fused) echo "$all" ;;
     paired) echo "$all -DGN_SILU_PAIRED_RCP=1" ;;
     pairedfwd) echo "-DGN_FWD_FUSED_APPLY=1 -DGN_SILU_PAIRED_RCP=2" ;;
-    quadfwd) echo "-DGN_SILU_QUAD_RCP=1" ;;
     bf16words) echo "-DGN_EXP_BF16_WORDS=1" ;;
     fullrows) echo "-DGN_EXP_FULL_ROWS=1" ;;
     fullrows2) echo "-DGN_EXP_FULL_ROWS=2" ;;
