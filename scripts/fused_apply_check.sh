@@ -31,8 +31,8 @@
 # lines to read in OUT/summary.txt.
 #   bash scripts/fused_apply_check.sh OUT
 # Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_DIRECTIONS (the timed rounds' directions,
-# default fwd,bwd), FUSED_PASSES_SHAPES (the l2keep builds' one launch against two), FUSED_ROUNDS (default 2), FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default
-# 1x128x1024x1024:silu), FUSED_NCU_FLAGS, FUSED_STAGGERS (default 16000:2: the staggered one launches'
+# default fwd,bwd), FUSED_PASSES_SHAPES (the l2keep builds' one launch against two), FUSED_ROUNDS (default 2),
+# FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default 1x128x1024x1024:silu), FUSED_NCU_FLAGS, FUSED_STAGGERS (default 16000:2: the staggered one launches'
 # GN_TEAM_STAGGER values), FUSED_BUDGET_S (default 540: a step that would likely end past it is skipped and says
 # so, so that one GPU call of 600 s keeps its logs).
 set -uo pipefail
@@ -97,7 +97,8 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
       step "$dt, $v, round $round"
       # shellcheck disable=SC2086  # (the shapes are separate arguments)
       GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 python3 scripts/time_shapes.py $shapes --dtype $dt \
-        --directions "${FUSED_DIRECTIONS:-fwd,bwd}" --json "$out/${dt}_${v}_$round.json" >"$out/${dt}_${v}_$round.log" 2>&1 || status=1
+        --directions "${FUSED_DIRECTIONS:-fwd,bwd}" --json "$out/${dt}_${v}_$round.json" \
+        >"$out/${dt}_${v}_$round.log" 2>&1 || status=1
       rows "$out/${dt}_${v}_$round.log"
     done
   done
