@@ -32,9 +32,9 @@
 #   bash scripts/fused_apply_check.sh OUT
 # Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_DIRECTIONS (the timed rounds' directions,
 # default fwd,bwd), FUSED_PASSES_SHAPES (the l2keep builds' one launch against two), FUSED_ROUNDS (default 2),
-# FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default 1x128x1024x1024:silu), FUSED_NCU_FLAGS, FUSED_STAGGERS (default 16000:2: the staggered one launches'
-# GN_TEAM_STAGGER values), FUSED_BUDGET_S (default 540: a step that would likely end past it is skipped and says
-# so, so that one GPU call of 600 s keeps its logs).
+# FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default 1x128x1024x1024:silu), FUSED_NCU_FLAGS,
+# FUSED_STAGGERS (default 16000:2: the staggered one launches' GN_TEAM_STAGGER values), FUSED_BUDGET_S (default
+# 540: a step that would likely end past it is skipped and says so, so that one GPU call of 600 s keeps its logs).
 set -uo pipefail
 # shellcheck source=scripts/gpu_call.sh
 source "$(dirname "$0")/gpu_call.sh"
