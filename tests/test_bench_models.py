@@ -614,6 +614,25 @@ def test_gn_free_model_drops_the_activations_the_swap_fused_and_keeps_the_rest()
     assert swapped[1].act == "silu" and swapped[3].act is None  # what the GN-free model stands in for
 
 
+def test_gn_free_model_drops_a_silu_call_the_swap_fused() -> None:
+    """--fuse-calls: a diffusers-style block calls F.silu on its GroupNorm's output in forward; the swap
+    fuses the call into our GroupNorm, so the GN-free step has neither (session 68's VAE row)."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(3, 4, 1), nn.GroupNorm(2, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.silu(self.norm(self.conv(x))) + 1.0
+
+    x = torch.randn(2, 3, 5, 5)
+    free = bm.gn_free_model(Block(), bm.Settings(fuse_calls=True))
+    assert torch.equal(free(x), free.conv(x) + 1.0)  # no GroupNorm, no SiLU
+    kept = bm.gn_free_model(Block(), bm.Settings())  # calls not fused: the SiLU stays
+    assert torch.equal(kept(x), torch.nn.functional.silu(kept.conv(x)) + 1.0)
+
+
 def test_torch_dtype_cast_returns_the_dtype_torch_group_norm_returns() -> None:
     """The GN-free stand-in with torch's dtypes, on the CPU: its autocast has no float32 rule for
     group_norm, so x itself, as torch's GroupNorm (CUDA's float32: tests/gpu/test_bench_models_gpu.py)."""
