@@ -11,8 +11,8 @@ configuration, sorted by how much more the first configuration spends than the s
     python scripts/step_kernels.py --model vae --fuse-calls --autocast-output input --json out.json
 
 Configurations are `gn_module.bench.models`'s: contiguous and channels_last (torch's GroupNorm), swapped
-(`convert_groupnorm`, channels_last), gn_free (channels_last, every GroupNorm replaced by its activation
-or identity).
+(`convert_groupnorm`, channels_last), gn_free (the swapped model with every GroupNorm replaced by identity,
+the activations the swap fused into them included) and gn_free_dtypes (the same with torch's output dtype).
 """
 
 from __future__ import annotations
