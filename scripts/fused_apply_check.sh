@@ -19,6 +19,9 @@
 #             l2_hints), whatever GnArgs.l2_keep_bytes (schedule.l2_keep_bytes: a share of the L2) says
 #   l2        -DGN_L2_HINTS=1: the one launch's copies with the L2 hints (the default build since session 48)
 #   nol2      -DGN_L2_HINTS=0: the copies without L2 hints (the default build until session 48)
+#   held      -DGN_FWD_HELD=1: one-round one-launch forward members that hold their rows in registers
+#             (gn_task_held.cuh; the same bits)
+#   held2     -DGN_FWD_HELD=2: the same, the apply a loop over chunks
 #   A+B       the flags of both (e.g. paired+l2keep24)
 # In order: times the large, mid and small rows of each, both directions, in alternating rounds (fp16
 # FUSED_ROUNDS times, bf16 once); digests the outputs of each variant made of l2keep parts only against
@@ -33,6 +36,7 @@
 # Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_DIRECTIONS (the timed rounds' directions,
 # default fwd,bwd), FUSED_PASSES_SHAPES (the l2keep builds' one launch against two), FUSED_ROUNDS (default 2),
 # FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default 1x128x1024x1024:silu), FUSED_NCU_FLAGS,
+# FUSED_NCU_KERNEL (the profiled kernel's name pattern, default fwd_task_apply),
 # FUSED_STAGGERS (default 16000:2: the staggered one launches' GN_TEAM_STAGGER values), FUSED_BUDGET_S (default
 # 540: a step that would likely end past it is skipped and says so, so that one GPU call of 600 s keeps its logs).
 set -uo pipefail
@@ -56,6 +60,8 @@ flag_of() {
     l2keep[0-9]*) echo "-DGN_EXP_L2_KEEP_KB=$(( ${1#l2keep} * 1024 ))" ;;
     l2) echo "-DGN_L2_HINTS=1" ;;
     nol2) echo "-DGN_L2_HINTS=0" ;;
+    held) echo "-DGN_FWD_HELD=1" ;;
+    held2) echo "-DGN_FWD_HELD=2" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
@@ -104,11 +110,12 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
   done
 done
 
-# The L2 hints choose where bytes come from, never which, bf16words converts exactly and fullrows only
-# schedules: the builds that change only those (l2keepM, l2, nol2, bf16words, fullrows, fullrows2) must give default's bits.
+# The L2 hints choose where bytes come from, never which, bf16words converts exactly, and fullrows and held only
+# schedule: the builds that change only those (l2keepM, l2, nol2, bf16words, fullrows, fullrows2, held) must give
+# default's bits.
 for v in $variants; do
-  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*|*+fullrows2+*) ;; *) continue ;; esac
-  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows2?)//g; s/\+//g')" ] && continue  # (other flags change bits)
+  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*|*+fullrows2+*|*+held+*|*+held2+*) ;; *) continue ;; esac
+  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows2?|held2?)//g; s/\+//g')" ] && continue  # (other flags change bits)
   fits 60 "bits of $v" || continue
   step "bits: default against $v (scripts/bits_digest.py, 32x128x256x256 included: one launch re-reading)"
   for b in default "$v"; do
@@ -188,14 +195,20 @@ if [ -n "${FUSED_NCU:-}" ] && command -v ncu >/dev/null && fits 120 "ncu"; then
   # none --replay-mode application" (ncu flushes the caches before each kernel and replays it by default, which
   # would hide what the stats launch left in L2)
   export GN_PROFILE_SHAPES=${FUSED_NCU_SHAPE:-1x128x1024x1024:silu}
+  # warp cycles per issued instruction by stall reason (the WarpStateStats section's chart, as numbers)
+  stall_metrics=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' no_instruction long_scoreboard \
+    short_scoreboard barrier wait math_pipe_throttle mio_throttle lg_throttle branch_resolving not_selected selected \
+    dispatch_stall membar sleeping drain imc_miss)
+  stall_metrics=${stall_metrics%,}
   for v in default "$last"; do
-    step "ncu: the fp16 forward's apply launch ($GN_PROFILE_SHAPES), $v"
+    kernel=${FUSED_NCU_KERNEL:-fwd_task_apply}
+    step "ncu: the fp16 forward's $kernel launch ($GN_PROFILE_SHAPES), $v"
     # shellcheck disable=SC2086  # (FUSED_NCU_FLAGS: separate options)
-    GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 ncu --clock-control none ${FUSED_NCU_FLAGS:-} -k regex:fwd_task_apply --section SpeedOfLight \
+    GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 ncu --clock-control none ${FUSED_NCU_FLAGS:-} -k "regex:$kernel" --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats \
-      --section MemoryWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --metrics "$stall_metrics" \
       --csv --page details python3 scripts/profile_tasks.py --once >"$out/ncu_$v.csv" 2>"$out/ncu_$v.err" || status=1
-    grep -E '"(Duration|DRAM Throughput|L2 Hit Rate|Issue Slots Busy|Issued Warp Per Scheduler|Executed Ipc Active|Warp Cycles Per Issued Instruction|Executed Instructions|Achieved Occupancy)"' \
+    grep -E '"(Duration|DRAM Throughput|L2 Hit Rate|Issue Slots Busy|Issued Warp Per Scheduler|Executed Ipc Active|Warp Cycles Per Issued Instruction|Executed Instructions|Achieved Occupancy|smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active.ratio)"' \
       "$out/ncu_$v.csv" | awk -F'","' '{print $(NF-2), $(NF-1), $NF}' >>"$out/summary.txt"
   done
   unset GN_PROFILE_SHAPES
