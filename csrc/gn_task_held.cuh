@@ -15,7 +15,11 @@ namespace gn {
 
 // =2: the apply loops over chunks (kHeldApplyLoop), where =1 unrolls all of a member's rows: one SiLU row is
 // about 2 KiB of SASS, and 16 of them in a row ran 1.28x slower than the ring (H100, session 69).
-constexpr bool kHeldApplyLoop = GN_FWD_HELD == 2;
+// =3: also the stats a loop over tiles (kHeldTileLoop). Session 69 (H100, ncu on 1x512x128x128 SiLU): =2 ran
+// 1.08x the ring's time with 1.3-1.5 warp cycles per issued instruction stalled on instruction fetch, against
+// 0.22 for the ring, whose loops run one chunk's code again and again.
+constexpr bool kHeldApplyLoop = GN_FWD_HELD >= 2;
+constexpr bool kHeldTileLoop = GN_FWD_HELD >= 3;
 
 // Rows a thread holds: 16 vectors of 16 bytes (64 registers), so kHeldChunks chunks of kChunkRowsPerThread
 // rows; 0 for the scalar path (its 16 rows a chunk would take 16 registers a chunk per channel).
@@ -95,22 +99,38 @@ __device__ __forceinline__ void member_held_stats(const GnArgs& a, int64_t task,
     s1[v] = s2[v] = 0.f;
   }
   if (trace >= 0) trace_point(a, trace);
-  int in_tile = 0;
-  int64_t tile = t0;
+  // chunk q's rows, in order
+  auto accumulate_chunk = [&](int q) {
+    if (!lane.active) return;
+    const int limit = tc.limit(q);
 #pragma unroll
-  for (int q = 0; q < K; ++q) {
-    if (q < chunks) {
-      if (lane.active) {
-        const int limit = tc.limit(q);
+    for (int k = 0; k < R; ++k) {
+      if (k * rt < limit) accumulate_pack<T, V>(held.row(q * R + k), shift, s1, s2);
+    }
+  };
+  if constexpr (kHeldTileLoop) {
+    // a loop over tiles, each summing its chunks (all K chunks' code, each run by its tile), then one
+    // finish_tile: its code once, where unrolling put a copy after every chunk
+#pragma unroll 1
+    for (int64_t tile = t0, q0 = 0; tile < t1; ++tile, q0 += cpt) {
 #pragma unroll
-        for (int k = 0; k < R; ++k) {
-          if (k * rt < limit) accumulate_pack<T, V>(held.row(q * R + k), shift, s1, s2);
-        }
+      for (int q = 0; q < K; ++q) {
+        if (q >= q0 && q < q0 + cpt) accumulate_chunk(q);
       }
-      if (++in_tile == cpt) {
-        finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, a.tiles_per_task);
-        in_tile = 0;
-        ++tile;
+      finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, a.tiles_per_task);
+    }
+  } else {
+    int in_tile = 0;
+    int64_t tile = t0;
+#pragma unroll
+    for (int q = 0; q < K; ++q) {
+      if (q < chunks) {
+        accumulate_chunk(q);
+        if (++in_tile == cpt) {
+          finish_tile<T, V>(a, lane, sm, s1, s2, parts + tile, a.tiles_per_task);
+          in_tile = 0;
+          ++tile;
+        }
       }
     }
   }

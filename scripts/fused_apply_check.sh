@@ -22,6 +22,7 @@
 #   held      -DGN_FWD_HELD=1: one-round one-launch forward members that hold their rows in registers
 #             (gn_task_held.cuh; the same bits)
 #   held2     -DGN_FWD_HELD=2: the same, the apply a loop over chunks
+#   held3     -DGN_FWD_HELD=3: held2, and the stats a loop over tiles
 #   A+B       the flags of both (e.g. paired+l2keep24)
 # In order: times the large, mid and small rows of each, both directions, in alternating rounds (fp16
 # FUSED_ROUNDS times, bf16 once); digests the outputs of each variant made of l2keep parts only against
@@ -62,6 +63,7 @@ flag_of() {
     nol2) echo "-DGN_L2_HINTS=0" ;;
     held) echo "-DGN_FWD_HELD=1" ;;
     held2) echo "-DGN_FWD_HELD=2" ;;
+    held3) echo "-DGN_FWD_HELD=3" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
@@ -114,8 +116,8 @@ done
 # schedule: the builds that change only those (l2keepM, l2, nol2, bf16words, fullrows, fullrows2, held) must give
 # default's bits.
 for v in $variants; do
-  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*|*+fullrows2+*|*+held+*|*+held2+*) ;; *) continue ;; esac
-  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows2?|held2?)//g; s/\+//g')" ] && continue  # (other flags change bits)
+  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*|*+fullrows2+*|*+held+*|*+held[23]+*) ;; *) continue ;; esac
+  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows2?|held[23]?)//g; s/\+//g')" ] && continue  # (other flags change bits)
   fits 60 "bits of $v" || continue
   step "bits: default against $v (scripts/bits_digest.py, 32x128x256x256 included: one launch re-reading)"
   for b in default "$v"; do
