@@ -2,7 +2,6 @@
 // level kernels (arch 1) and the task kernels (arch 2, gn_tasks.cuh).
 #include "gn_dispatch.cuh"
 #include "gn_launch.h"
-#include "gn_task_held.cuh"
 #include "gn_tasks.cuh"
 
 namespace gn {
@@ -263,8 +262,7 @@ __device__ int64_t member_rounds_streamed(const GnArgs& a, int team, int64_t t0,
   return tiles_done;
 }
 
-// kHeld: one round of held members (gn_task_held.cuh; the launcher checks held_fits).
-template <typename T, int V, typename TY = T, bool kHeld = false>
+template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
   trace_point(a, 0);
   warm_params(a);
@@ -298,23 +296,13 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
       // 3 + 4r statistics in shared memory, 4 + 4r applied (round 3's would take 13-15)
       const int point = round < 3 ? 4 * round : kTracePoints;  // (kTracePoints and above: not traced)
       // a one-round launch also traces inside its stats phase (points 5-8, free without round 1)
-      HeldRows<T, V> held;
-      int chunks = 0;
-      if constexpr (kHeld) {
-        member_held_stats<T, V>(a, task, t0, t1, sm, held, 5);
-      } else {
-        chunks = member_stats<T, V>(a, task, t0, t1, sm, task_count(a) <= a.teams ? 5 : -1);
-      }
+      const int chunks = member_stats<T, V>(a, task, t0, t1, sm, task_count(a) <= a.teams ? 5 : -1);
       trace_point(a, 1 + point);
       const bool last = arrive(arrivals(a, task), static_cast<unsigned>(a.team_size), &flag);
       trace_point(a, 2 + point);
       team_statistics<T>(a, task, last, flag, sm, round, first);
       trace_point(a, 3 + point);
-      if constexpr (kHeld) {
-        member_held_apply<T, V, TY>(a, task, t0, t1, sm, held);
-      } else {
-        reread += member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
-      }
+      reread += member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
       trace_point(a, 4 + point);
       tiles_done += t1 - t0;
     }
@@ -332,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_onepass(GnArgs a) {
 // (no arrival counter, no flag, no poll of global memory), and each computes the task's statistics from
 // the partials itself (group_stats, as the last member of fwd_task_onepass does: the same bits); member 0
 // also stores them for the backward. Nothing waits across clusters, so the launch is not cooperative.
-template <typename T, int V, typename TY = T, bool kHeld = false>
+template <typename T, int V, typename TY = T>
 __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (below sm_90 never launched: an empty body compiles at once)
   trace_point(a, 0);  // the trace points of fwd_task_onepass's one round
@@ -349,13 +337,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   early.load(a, task);
   FirstShift<T> first;
   first.load(a, task);
-  HeldRows<T, V> held;
-  int chunks = 0;
-  if constexpr (kHeld) {
-    member_held_stats<T, V>(a, task, t0, t1, sm, held, 5);
-  } else {
-    chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);
-  }
+  const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);
   trace_point(a, 1);
   cluster_barrier();
   trace_point(a, 2);
@@ -371,12 +353,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_cluster(GnArgs a) {
   group_stats<T>(a, task, emit, first);
   __syncthreads();
   trace_point(a, 3);
-  int reread = 0;
-  if constexpr (kHeld) {
-    member_held_apply<T, V, TY>(a, task, t0, t1, sm, held);
-  } else {
-    reread = member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
-  }
+  const int reread = member_apply<T, V, TY>(a, task, t0, t1, sm, min(chunks, a.slots));
   trace_point(a, 4);
   trace_point(a, 15);
   record(a, 1, static_cast<int>(t1 - t0));
@@ -468,15 +445,6 @@ int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
   using TY = typename Cfg::wide;
   constexpr int V = Cfg::vec;
   if (!task_rows_fit<T, V>(a)) return cudaErrorInvalidValue;
-  if constexpr (GN_FWD_HELD != 0 && kHeldChunks<T, V> > 0) {
-    if (held_fits<T, V>(a)) {
-      if (a.cluster_teams) {
-        const int err = launch_clusters(a, stream, fwd_task_cluster<T, V, TY, true>);
-        if (err != kNoClusterFits) return err;
-      }
-      return launch_cooperative(a, stream, fwd_task_onepass<T, V, TY, true>);
-    }
-  }
   if (a.schedule == 1 && a.cluster_teams) {
     const int err = launch_clusters(a, stream, fwd_task_cluster<T, V, TY>);
     if (err != kNoClusterFits) return err;  // (else the teams as a cooperative grid)
@@ -488,19 +456,8 @@ int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
 int task_forward_occupancy(int dtype, int wide_dtype, int vec, int smem, int* blocks) {
   return visit_wide_config(dtype, wide_dtype, vec, [&](auto cfg) {
     using C = decltype(cfg);
-    using T = typename C::type;
-    const cudaError_t err =
-        occupancy_of(reinterpret_cast<const void*>(fwd_task_onepass<T, C::vec, typename C::wide>), smem, blocks);
-    if constexpr (GN_FWD_HELD != 0 && kHeldChunks<T, C::vec> > 0) {  // (the plan must fit either kernel)
-      int held = 0;
-      if (err == cudaSuccess) {
-        const cudaError_t e = occupancy_of(
-            reinterpret_cast<const void*>(fwd_task_onepass<T, C::vec, typename C::wide, true>), smem, &held);
-        if (e != cudaSuccess) return static_cast<int>(e);
-        *blocks = held < *blocks ? held : *blocks;
-      }
-    }
-    return static_cast<int>(err);
+    return static_cast<int>(occupancy_of(
+        reinterpret_cast<const void*>(fwd_task_onepass<typename C::type, C::vec, typename C::wide>), smem, blocks));
   });
 }
 

@@ -195,45 +195,38 @@ struct StorePair {
       : on(a.cols_threads % 2 == 0), odd(threadIdx.x & 1), mask(3u << (threadIdx.x % 32 & ~1u)) {}
 };
 
-// y = act((x - mean) * scale + beta) for one row's vector of V channels, stored at `py`; y in TY (x's
-// type, or float32 under autocast: the wide forward, stored by lane pairs where `pair` allows).
-template <typename T, int V, int kAct, typename TY = T>
-__device__ __forceinline__ void apply_pack(const Pack<T, V>& x, TY* py, const ApplyCoefs<V, kFusedApply<T>>& k_,
-                                           const StorePair& pair) {
-  Pack<TY, V> o;
-  if constexpr (kPairedSilu<T, V, kAct>) {
-#pragma unroll
-    for (int v = 0; v < V; v += 2) {
-      const float z0 = k_.z(pack_float(x, v), v), z1 = k_.z(pack_float(x, v + 1), v + 1);
-      float r0, r1;
-      reciprocal_pair(1.f + exp_neg(z0), 1.f + exp_neg(z1), r0, r1);
-      o.v[v] = from_float<TY>(z0 * r0);
-      o.v[v + 1] = from_float<TY>(z1 * r1);
-    }
-  } else {
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const float z = k_.z(pack_float(x, v), v);
-      o.v[v] = from_float<TY>(activate<kAct>(z));
-    }
-  }
-  if constexpr (sizeof(Pack<TY, V>) == 32) {
-    if (pair.on) {
-      store_pair_streaming<TY, V>(py, o, pair.mask, pair.odd);
-      return;
-    }
-  }
-  store_pack_streaming<TY, V>(py, o);
-}
-
-// apply_pack for this thread's rows of one chunk held in shared memory.
+// y = act((x - mean) * scale + beta) for this thread's rows of one chunk held in shared memory; y in
+// TY (x's type, or float32 under autocast: the wide forward, stored by lane pairs where `pair` allows).
 template <typename T, int V, int kAct, typename TY = T, bool kStraight = kFullRowsIn<true>>
 __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t ystep, int rows_threads, int limit,
                                            const ApplyCoefs<V, kFusedApply<T>>& k_, const StorePair& pair) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   auto row = [&](const T* px, TY* py) {
-    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(px);  // (one vector load)
-    apply_pack<T, V, kAct, TY>(x, py, k_, pair);
+    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(px);
+    Pack<TY, V> o;
+    if constexpr (kPairedSilu<T, V, kAct>) {
+#pragma unroll
+      for (int v = 0; v < V; v += 2) {
+        const float z0 = k_.z(pack_float(x, v), v), z1 = k_.z(pack_float(x, v + 1), v + 1);
+        float r0, r1;
+        reciprocal_pair(1.f + exp_neg(z0), 1.f + exp_neg(z1), r0, r1);
+        o.v[v] = from_float<TY>(z0 * r0);
+        o.v[v + 1] = from_float<TY>(z1 * r1);
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const float z = k_.z(pack_float(x, v), v);
+        o.v[v] = from_float<TY>(activate<kAct>(z));
+      }
+    }
+    if constexpr (sizeof(Pack<TY, V>) == 32) {
+      if (pair.on) {
+        store_pair_streaming<TY, V>(py, o, pair.mask, pair.odd);
+        return;
+      }
+    }
+    store_pack_streaming<TY, V>(py, o);
   };
   if constexpr (kStraight && R <= 4 && act_row_unroll<kAct>(R) == R) {
     if (R * rows_threads <= limit) {

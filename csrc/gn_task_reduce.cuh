@@ -6,26 +6,19 @@
 namespace gn {
 
 // ---------------------------------------------------------------- reductions
-// One row's vector of V channels added to the per-thread sums of (x - K) and (x - K)^2.
-template <typename T, int V>
-__device__ __forceinline__ void accumulate_pack(const Pack<T, V>& x, const float (&shift)[V], float (&s1)[V],
-                                                float (&s2)[V]) {
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    const float e = pack_float(x, v) - shift[v];
-    s1[v] += e;
-    s2[v] = fmaf(e, e, s2[v]);
-  }
-}
-
 // Per-thread sums of (x - K) and (x - K)^2 over this thread's rows of one chunk, in row order.
 template <typename T, int V, bool kStraight = kFullRowsIn<true>>
 __device__ __forceinline__ void accumulate_rows(const T* s, int sstep, int rows_threads, int limit,
                                                 const float (&shift)[V], float (&s1)[V], float (&s2)[V]) {
   constexpr int R = kChunkRowsPerThread<T, V>;
   auto row = [&](const T* p) {
-    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(p);  // (one vector load: a reference splits it)
-    accumulate_pack<T, V>(x, shift, s1, s2);
+    const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const float e = pack_float(x, v) - shift[v];
+      s1[v] += e;
+      s2[v] = fmaf(e, e, s2[v]);
+    }
   };
   if constexpr (kStraight && R <= 4) {
     if (R * rows_threads <= limit) {

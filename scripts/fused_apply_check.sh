@@ -19,10 +19,6 @@
 #             l2_hints), whatever GnArgs.l2_keep_bytes (schedule.l2_keep_bytes: a share of the L2) says
 #   l2        -DGN_L2_HINTS=1: the one launch's copies with the L2 hints (the default build since session 48)
 #   nol2      -DGN_L2_HINTS=0: the copies without L2 hints (the default build until session 48)
-#   held      -DGN_FWD_HELD=1: one-round one-launch forward members that hold their rows in registers
-#             (gn_task_held.cuh; the same bits)
-#   held2     -DGN_FWD_HELD=2: the same, the apply a loop over chunks
-#   held3     -DGN_FWD_HELD=3: held2, and the stats a loop over tiles
 #   A+B       the flags of both (e.g. paired+l2keep24)
 # In order: times the large, mid and small rows of each, both directions, in alternating rounds (fp16
 # FUSED_ROUNDS times, bf16 once); digests the outputs of each variant made of l2keep parts only against
@@ -61,9 +57,6 @@ flag_of() {
     l2keep[0-9]*) echo "-DGN_EXP_L2_KEEP_KB=$(( ${1#l2keep} * 1024 ))" ;;
     l2) echo "-DGN_L2_HINTS=1" ;;
     nol2) echo "-DGN_L2_HINTS=0" ;;
-    held) echo "-DGN_FWD_HELD=1" ;;
-    held2) echo "-DGN_FWD_HELD=2" ;;
-    held3) echo "-DGN_FWD_HELD=3" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
@@ -112,12 +105,11 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
   done
 done
 
-# The L2 hints choose where bytes come from, never which, bf16words converts exactly, and fullrows and held only
-# schedule: the builds that change only those (l2keepM, l2, nol2, bf16words, fullrows, fullrows2, held) must give
-# default's bits.
+# The L2 hints choose where bytes come from, never which, bf16words converts exactly and fullrows only
+# schedules: the builds that change only those (l2keepM, l2, nol2, bf16words, fullrows, fullrows2) must give default's bits.
 for v in $variants; do
-  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*|*+fullrows2+*|*+held+*|*+held[23]+*) ;; *) continue ;; esac
-  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows2?|held[23]?)//g; s/\+//g')" ] && continue  # (other flags change bits)
+  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*|*+fullrows2+*) ;; *) continue ;; esac
+  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows2?)//g; s/\+//g')" ] && continue  # (other flags change bits)
   fits 60 "bits of $v" || continue
   step "bits: default against $v (scripts/bits_digest.py, 32x128x256x256 included: one launch re-reading)"
   for b in default "$v"; do
@@ -202,8 +194,8 @@ if [ -n "${FUSED_NCU:-}" ] && command -v ncu >/dev/null && fits 120 "ncu"; then
     short_scoreboard barrier wait math_pipe_throttle mio_throttle lg_throttle branch_resolving not_selected selected \
     dispatch_stall membar sleeping drain imc_miss)
   stall_metrics=${stall_metrics%,}
+  kernel=${FUSED_NCU_KERNEL:-fwd_task_apply}
   for v in default "$last"; do
-    kernel=${FUSED_NCU_KERNEL:-fwd_task_apply}
     step "ncu: the fp16 forward's $kernel launch ($GN_PROFILE_SHAPES), $v"
     # shellcheck disable=SC2086  # (FUSED_NCU_FLAGS: separate options)
     GN_NVCC_FLAGS="$(flags_of "$v")" timeout 150 ncu --clock-control none ${FUSED_NCU_FLAGS:-} -k "regex:$kernel" --section SpeedOfLight \

@@ -273,9 +273,9 @@ PLANTINGS = {
     ),
     "cluster-shift-other-task": Planting(
         "gn_forward.cu",
-        "  first.load(a, task);\n  HeldRows<T, V> held;",
+        "  first.load(a, task);\n  const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);",
         "  first.load(a, (task + 1) % task_count(a));  // PLANTED: another task's x as the shift\n"
-        "  HeldRows<T, V> held;",
+        "  const int chunks = member_stats<T, V>(a, task, t0, t1, sm, 5);",
         "cluster teams (fwd_task_cluster, sm_90 builds): as task-fwd1-shift-other-task, in the cluster "
         "forward: within the tolerances, other bits than the cooperative teams' and the two launches' "
         "(tests/gpu/test_cluster_teams.py compares them bitwise)",
@@ -328,10 +328,10 @@ PLANTINGS = {
     # stats launch's time is the per-element arithmetic, and how much the per-tile fold.
     "timing-fwd-less-math": Planting(
         "gn_task_reduce.cuh",
-        "    const float e = pack_float(x, v) - shift[v];\n"
-        "    s1[v] += e;\n"
-        "    s2[v] = fmaf(e, e, s2[v]);",
-        "    s1[v] += pack_float(x, v);  // PLANTED (timing only): no shift, no sum of squares",
+        "      const float e = pack_float(x, v) - shift[v];\n"
+        "      s1[v] += e;\n"
+        "      s2[v] = fmaf(e, e, s2[v]);",
+        "      s1[v] += pack_float(x, v);  // PLANTED (timing only): no shift, no sum of squares",
         "task forward stats: only the conversion and one add per element (no shift, no sum of squares)",
         "fwd-tasks", False,
     ),
