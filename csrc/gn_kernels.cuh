@@ -176,56 +176,6 @@ __device__ __forceinline__ void reciprocal_pair(float d0, float d1, float& r0, f
   r0 = d0 > kCap ? 0.f : c1 * r;
   r1 = d1 > kCap ? 0.f : c0 * r;
 }
-// reciprocal_pair without its selects (-DGN_EXP_SILU_CLAMP=1): a denominator past the cap gets 1 / 2^63, not 0, so
-// z / d for z < -43.6 is z * 2^-63 (as small as the true z * exp(z): below float16's smallest value for |z| < 2^38)
-// and z = -inf gives -inf, not torch's NaN: its callers find such a result (it is below SiLU's minimum, -0.279)
-// and redo the row with reciprocal_pair. Below the cap both give the same bits.
-__device__ __forceinline__ void reciprocal_pair_clamped(float d0, float d1, float& r0, float& r1) {
-  constexpr float kCap = 0x1p63f;
-  const float c0 = fminf(d0, kCap), c1 = fminf(d1, kCap);
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(c0 * c1));
-  r0 = c1 * r;
-  r1 = c0 * r;
-}
-#ifndef GN_EXP_SILU_CLAMP
-#define GN_EXP_SILU_CLAMP 0
-#endif
-template <bool B>
-struct BoolTag {
-  static constexpr bool value = B;
-};
-
-// Two 16-bit values in one word, for the packed minimums of pack_below.
-template <typename T>
-struct Pair16;
-template <>
-struct Pair16<__half> {
-  using type = __half2;
-};
-template <>
-struct Pair16<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-};
-
-// Whether an element of a pack is below `limit` (a NaN is not): 16-bit packs by paired minimums.
-template <typename T, int V>
-__device__ __forceinline__ bool pack_below(const Pack<T, V>& o, float limit) {
-  if constexpr (sizeof(T) == 2 && V % 2 == 0) {
-    using P = Pair16<T>;
-    const typename P::type* w = reinterpret_cast<const typename P::type*>(o.v);
-    typename P::type m = w[0];
-#pragma unroll
-    for (int i = 1; i < V / 2; ++i) m = __hmin2(m, w[i]);
-    // (the unordered >=: true for a NaN half)
-    return !__hbgeu2(m, typename P::type{from_float<T>(limit), from_float<T>(limit)});
-  } else {
-    float m = to_float(o.v[0]);
-#pragma unroll
-    for (int v = 1; v < V; ++v) m = fminf(m, to_float(o.v[v]));
-    return m < limit;
-  }
-}
 // sigmoid(z0), sigmoid(z1) through reciprocal_pair
 __device__ __forceinline__ void sigmoid_pair(float z0, float z1, float& s0, float& s1) {
   reciprocal_pair(1.f + exp_neg(z0), 1.f + exp_neg(z1), s0, s1);

@@ -201,29 +201,18 @@ template <typename T, int V, int kAct, typename TY = T, bool kStraight = kFullRo
 __device__ __forceinline__ void apply_rows(const T* s, int sstep, TY* y, int64_t ystep, int rows_threads, int limit,
                                            const ApplyCoefs<V, kFusedApply<T>>& k_, const StorePair& pair) {
   constexpr int R = kChunkRowsPerThread<T, V>;
-  // the paired SiLU of a row; `clamped`: through reciprocal_pair_clamped (its caller checks the row)
-  auto paired_silu = [&](const Pack<T, V>& x, Pack<TY, V>& o, auto clamped) {
-#pragma unroll
-    for (int v = 0; v < V; v += 2) {
-      const float z0 = k_.z(pack_float(x, v), v), z1 = k_.z(pack_float(x, v + 1), v + 1);
-      float r0, r1;
-      if constexpr (decltype(clamped)::value) {
-        reciprocal_pair_clamped(1.f + exp_neg(z0), 1.f + exp_neg(z1), r0, r1);
-      } else {
-        reciprocal_pair(1.f + exp_neg(z0), 1.f + exp_neg(z1), r0, r1);
-      }
-      o.v[v] = from_float<TY>(z0 * r0);
-      o.v[v + 1] = from_float<TY>(z1 * r1);
-    }
-  };
   auto row = [&](const T* px, TY* py) {
     const Pack<T, V> x = *reinterpret_cast<const Pack<T, V>*>(px);
     Pack<TY, V> o;
-    if constexpr (kPairedSilu<T, V, kAct> && GN_EXP_SILU_CLAMP != 0) {
-      paired_silu(x, o, BoolTag<true>{});
-      if (pack_below(o, -0.5f)) paired_silu(x, o, BoolTag<false>{});  // (a z of -inf, or below -2^62)
-    } else if constexpr (kPairedSilu<T, V, kAct>) {
-      paired_silu(x, o, BoolTag<false>{});
+    if constexpr (kPairedSilu<T, V, kAct>) {
+#pragma unroll
+      for (int v = 0; v < V; v += 2) {
+        const float z0 = k_.z(pack_float(x, v), v), z1 = k_.z(pack_float(x, v + 1), v + 1);
+        float r0, r1;
+        reciprocal_pair(1.f + exp_neg(z0), 1.f + exp_neg(z1), r0, r1);
+        o.v[v] = from_float<TY>(z0 * r0);
+        o.v[v + 1] = from_float<TY>(z1 * r1);
+      }
     } else {
 #pragma unroll
       for (int v = 0; v < V; ++v) {

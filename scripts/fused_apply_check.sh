@@ -10,8 +10,6 @@
 #   paired    fused and -DGN_SILU_PAIRED_RCP=1 (16-bit SiLU loops: two sigmoids per MUFU.RCP)
 #   pairedfwd fwdapply and -DGN_SILU_PAIRED_RCP=2 (the forward's 16-bit SiLU apply only; the backward's
 #             kernels are the default's; the default build since session 66)
-#   siluclamp -DGN_EXP_SILU_CLAMP=1: the forward's paired SiLU without the pair cap's selects, a row redone
-#             with them where its output falls below SiLU's minimum (z = -inf); the bits change in the far tail only
 #   bf16words -DGN_EXP_BF16_WORDS=1: bfloat16 elements converted from their 32-bit words (the same bits)
 #   fullrows  -DGN_EXP_FULL_ROWS=1: a chunk's rows in one straight-line block where all are in range (the
 #             backward's stats loop, the forward's apply, the one launch's dx loop; the same bits)
@@ -53,7 +51,6 @@ flag_of() {
     fused) echo "$all" ;;
     paired) echo "$all -DGN_SILU_PAIRED_RCP=1" ;;
     pairedfwd) echo "-DGN_FWD_FUSED_APPLY=1 -DGN_SILU_PAIRED_RCP=2" ;;
-    siluclamp) echo "-DGN_EXP_SILU_CLAMP=1" ;;
     bf16words) echo "-DGN_EXP_BF16_WORDS=1" ;;
     fullrows) echo "-DGN_EXP_FULL_ROWS=1" ;;
     fullrows2) echo "-DGN_EXP_FULL_ROWS=2" ;;
