@@ -169,18 +169,16 @@ inline int launch_clusters(const GnArgs& a, cudaStream_t stream, Kernel kernel) 
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-// `apply_args`: the apply launch's own geometry where it differs from the stats launch's (wider_apply_args).
-inline int launch_pair(const GnArgs& a, cudaStream_t stream, Kernel stats, Kernel apply,
-                       const GnArgs* apply_args = nullptr) {
-  const GnArgs& b = apply_args != nullptr ? *apply_args : a;
+inline int launch_pair(const GnArgs& a, cudaStream_t stream, Kernel stats, Kernel apply) {
   cudaError_t err;
   if ((err = allow_smem(reinterpret_cast<const void*>(stats), a.smem)) != cudaSuccess) return err;
-  if ((err = allow_smem(reinterpret_cast<const void*>(apply), b.smem)) != cudaSuccess) return err;
-  stats<<<static_cast<unsigned>(a.grid), kThreads, a.smem, stream>>>(a);
+  if ((err = allow_smem(reinterpret_cast<const void*>(apply), a.smem)) != cudaSuccess) return err;
+  const unsigned blocks = static_cast<unsigned>(a.grid);
+  stats<<<blocks, kThreads, a.smem, stream>>>(a);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  const unsigned apply_blocks = static_cast<unsigned>(b.grid + b.strip_blocks);  // (the backward's strips)
+  const unsigned apply_blocks = blocks + static_cast<unsigned>(a.strip_blocks);  // (the backward's strips)
   if (!a.dependent_launch) {
-    apply<<<apply_blocks, kThreads, b.smem, stream>>>(b);
+    apply<<<apply_blocks, kThreads, a.smem, stream>>>(a);
     return cudaGetLastError();
   }
   // the apply launch's blocks take the SMs the stats launch frees, and wait there for its writes
@@ -190,39 +188,12 @@ inline int launch_pair(const GnArgs& a, cudaStream_t stream, Kernel stats, Kerne
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(apply_blocks);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(b.smem);
+  config.dynamicSmemBytes = static_cast<size_t>(a.smem);
   config.stream = stream;
   config.attrs = attribute;
   config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, apply, b);
+  err = cudaLaunchKernelEx(&config, apply, a);
   return err != cudaSuccess ? err : cudaGetLastError();
-}
-
-// The two-launch forward's apply launch at `per_sm` blocks an SM (-DGN_EXP_APPLY_OCC): the stats launch's teams
-// with ceil(team_size * per_sm / 2) members each, and the most slots that still let `per_sm` blocks of `apply`
-// share an SM (at least 2; else `a` unchanged). Member m applies tiles [m T / M, (m + 1) T / M) of each task,
-// every tile once, whichever M.
-template <typename T>
-GnArgs wider_apply_args(const GnArgs& a, const void* apply, int per_sm) {
-  const int64_t slot_bytes = (a.chunk_rows * a.window * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
-  const int64_t fixed = a.smem - a.slots * slot_bytes;
-  const int members = (a.team_size * per_sm + 1) / 2;
-  for (int slots = a.slots; slots >= 2; --slots) {
-    const int smem = static_cast<int>(fixed + slots * slot_bytes);
-    int blocks = 0;
-    if (occupancy_of(apply, smem, &blocks) != cudaSuccess || blocks < per_sm) continue;
-    GnArgs b = a;
-    b.slots = slots;
-    b.smem = smem;
-    b.team_size = members;
-    uint32_t shift = 0;  // schedule.fast_divisor
-    while ((1u << shift) < static_cast<uint32_t>(members)) ++shift;
-    b.team_size_shift = shift;
-    b.team_size_mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - members)) / members + 1);
-    b.grid = a.teams * members;
-    return b;
-  }
-  return a;
 }
 
 // Runs one direction's schedule: the one cooperative kernel, or the phase kernels in order

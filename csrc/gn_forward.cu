@@ -405,20 +405,10 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_task_stats(GnArgs a) {
   if (a.record != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.record[0] = gridDim.x;
 }
 
-// The experiment -DGN_EXP_APPLY_OCC=k (k > 2; off by default): the two-launch forward's apply launch at k
-// blocks an SM instead of the stats launch's 2, for more warps to hide the SiLU apply's latency with: the
-// same teams, k / 2 times the members, each with fewer slots, so about as many bytes in flight an SM (its
-// registers capped at 65536 / (256 k): 80 at k = 3, 64 at 4, no spills on sm_90). Each element's y is
-// computed as before, by another block: the same bits.
-#ifndef GN_EXP_APPLY_OCC
-#define GN_EXP_APPLY_OCC 0
-#endif
-constexpr int kApplyBlocksPerSm = GN_EXP_APPLY_OCC > 2 ? GN_EXP_APPLY_OCC : 2;
-
 // (Measured, a2351f3: applying from registers instead of the shared-memory ring, with one chunk in
 // flight per thread, was 4-11 % slower on the 64-256 MiB shapes.)
 template <typename T, int V, typename TY = T>
-__global__ void __launch_bounds__(kThreads, kApplyBlocksPerSm) fwd_task_apply(GnArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) fwd_task_apply(GnArgs a) {
   if (kTimeline) trace_point(a, 9);  // (timeline builds: 9 start, 10 statistics in, 11 end; rows shared
                                      // with the stats launch's points 0, 5-8 and 12-15)
   warm_params(a);
@@ -460,10 +450,6 @@ int launch_forward_tasks(const GnArgs& a, cudaStream_t stream) {
     if (err != kNoClusterFits) return err;  // (else the teams as a cooperative grid)
   }
   if (a.schedule == 1) return launch_cooperative(a, stream, fwd_task_onepass<T, V, TY>);
-  if constexpr (kApplyBlocksPerSm > 2) {
-    const GnArgs b = wider_apply_args<T>(a, reinterpret_cast<const void*>(fwd_task_apply<T, V, TY>), kApplyBlocksPerSm);
-    return launch_pair(a, stream, fwd_task_stats<T, V>, fwd_task_apply<T, V, TY>, &b);
-  }
   return launch_pair(a, stream, fwd_task_stats<T, V>, fwd_task_apply<T, V, TY>);
 }
 

@@ -19,8 +19,6 @@
 #             l2_hints), whatever GnArgs.l2_keep_bytes (schedule.l2_keep_bytes: a share of the L2) says
 #   l2        -DGN_L2_HINTS=1: the one launch's copies with the L2 hints (the default build since session 48)
 #   nol2      -DGN_L2_HINTS=0: the copies without L2 hints (the default build until session 48)
-#   applyoccK -DGN_EXP_APPLY_OCC=K: the two-launch forward's apply launch at K blocks an SM (more members, fewer
-#             slots each; the same bits)
 #   A+B       the flags of both (e.g. paired+l2keep24)
 # In order: times the large, mid and small rows of each, both directions, in alternating rounds (fp16
 # FUSED_ROUNDS times, bf16 once); digests the outputs of each variant made of l2keep parts only against
@@ -34,7 +32,8 @@
 #   bash scripts/fused_apply_check.sh OUT
 # Environment: FUSED_VARIANTS, FUSED_SHAPES (time_shapes.py's), FUSED_DIRECTIONS (the timed rounds' directions,
 # default fwd,bwd), FUSED_PASSES_SHAPES (the l2keep builds' one launch against two), FUSED_ROUNDS (default 2),
-# FUSED_SKIP_TESTS=1, FUSED_NCU=1, FUSED_NCU_SHAPE (default 1x128x1024x1024:silu), FUSED_NCU_FLAGS,
+# FUSED_SKIP_TESTS=1, FUSED_BITS_PASSES (bits_digest.py --passes), FUSED_NCU=1,
+# FUSED_NCU_SHAPE (default 1x128x1024x1024:silu), FUSED_NCU_FLAGS,
 # FUSED_NCU_KERNEL (the profiled kernel's name pattern, default fwd_task_apply),
 # FUSED_STAGGERS (default 16000:2: the staggered one launches' GN_TEAM_STAGGER values), FUSED_BUDGET_S (default
 # 540: a step that would likely end past it is skipped and says so, so that one GPU call of 600 s keeps its logs).
@@ -59,7 +58,6 @@ flag_of() {
     l2keep[0-9]*) echo "-DGN_EXP_L2_KEEP_KB=$(( ${1#l2keep} * 1024 ))" ;;
     l2) echo "-DGN_L2_HINTS=1" ;;
     nol2) echo "-DGN_L2_HINTS=0" ;;
-    applyocc[0-9]) echo "-DGN_EXP_APPLY_OCC=${1#applyocc}" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
@@ -109,12 +107,11 @@ for round in $(seq "${FUSED_ROUNDS:-2}"); do
 done
 
 # The L2 hints choose where bytes come from, never which, bf16words converts exactly and fullrows only
-# schedules, and applyoccK moves the two-launch apply's tiles to other blocks: the builds that change only those
-# (l2keepM, l2, nol2, bf16words, fullrows, fullrows2, applyoccK) must give default's bits (FUSED_BITS_PASSES: 2
-# forces the two launches there, whose apply applyoccK changes).
+# schedules: the builds that change only those (l2keepM, l2, nol2, bf16words, fullrows, fullrows2) must give
+# default's bits (FUSED_BITS_PASSES=2 digests the two-launch schedules instead of auto's pick).
 for v in $variants; do
-  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*|*+fullrows2+*|*+applyocc*) ;; *) continue ;; esac
-  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows2?|applyocc[0-9])//g; s/\+//g')" ] && continue  # (other flags change bits)
+  case "+$v+" in *+l2keep*|*+l2+*|*+nol2+*|*+bf16words+*|*+fullrows+*|*+fullrows2+*) ;; *) continue ;; esac
+  [ -n "$(echo "+$v+" | sed -E 's/\+(l2keep[0-9]+|l2|nol2|bf16words|fullrows2?)//g; s/\+//g')" ] && continue  # (other flags change bits)
   fits 60 "bits of $v" || continue
   step "bits: default against $v (scripts/bits_digest.py, 32x128x256x256 included: one launch re-reading)"
   for b in default "$v"; do
