@@ -43,7 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--acts", default="silu,none")
-    ap.add_argument("--passes", default="auto", help="auto, 1 or 2")
+    ap.add_argument("--passes", default="auto", choices=("auto", "1", "2"))
     args = ap.parse_args()
     passes = args.passes if args.passes == "auto" else int(args.passes)
     total = hashlib.sha256()
