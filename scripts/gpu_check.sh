@@ -13,6 +13,9 @@
 #   GN_GATE_THRESHOLD=10                percent slower (median) that fails the gate, ours only
 #   GN_BENCH_COMMIT=<sha>               the commit (its full sha: the saved run's name), where the tree was
 #                                       copied without (current) git
+#   GN_EXPECT_GPU=H200                  stop at once (exit 3, nothing installed or run) unless the first GPU's
+#                                       name holds this text: a history run meant for one card, asked for
+#                                       where another kind may come, costs seconds instead of a wrong run
 set -uo pipefail
 out=${1:?usage: gpu_check.sh LOGDIR [pytest args]}
 shift
@@ -20,6 +23,14 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 status=0
 step() { echo "== $*" | tee -a "$out/summary.txt"; }
+
+if [ -n "${GN_EXPECT_GPU:-}" ]; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  if [[ "${card,,}" != *"${GN_EXPECT_GPU,,}"* ]]; then
+    step "stop: the GPU is '${card:-none}', not $GN_EXPECT_GPU (GN_EXPECT_GPU)"
+    exit 3
+  fi
+fi
 
 step "install (no network)"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }

@@ -428,6 +428,7 @@ def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float)
         GN_SKIP_TESTS="1",
         GN_BENCH_SELECT="",
         GN_BENCH_SAVE="1",
+        GN_EXPECT_GPU="H200",  # the card it is meant for: the run goes on
     )
     proc = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs")],
@@ -450,6 +451,31 @@ def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float)
     saved = tmp_path / "logs" / "saved" / "Linux-CPython-3.12-64bit" / "0002_bbb_20261130_080000.json"
     assert saved.read_bytes() == run.read_bytes() and str(saved) in summary
     assert not (tmp_path / "logs" / "storage").exists()
+
+
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", ""], ids=["other-card", "no-gpu"])
+def test_gpu_check_stops_on_a_card_it_was_not_meant_for(tmp_path: Path, card: str) -> None:
+    """GN_EXPECT_GPU: on any other card (or none) gpu_check.sh exits 3 before it installs, builds or times."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    smi = f"#!/bin/sh\necho '{card}'\n" if card else "#!/bin/sh\nexit 9\n"
+    for name, text in (("python3", f'#!/bin/sh\necho "$*" >> {log}\n'), ("nvidia-smi", smi)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", GN_EXPECT_GPU="h200")
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    summary = (tmp_path / "logs" / "summary.txt").read_text()
+    assert proc.returncode == 3, summary
+    assert f"the GPU is '{card or 'none'}', not h200" in summary
+    assert not log.exists()  # nothing installed, built or run
 
 
 def _machine(run: dict[str, Any]) -> dict[str, Any]:
