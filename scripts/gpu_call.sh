@@ -1,6 +1,7 @@
 # Shared by the scripts that are one GPU call each (streamed_rounds_check.sh, small_latency_check.sh); they
 # source it after `set -uo pipefail`:
 #   gpu_call_setup NAME OUT    $out (absolute, created), PYTHONUNBUFFERED, GN_CACHE_DIR (default /tmp/gncache),
+#                              and exit 3 before any work where GN_EXPECT_GPU names another card
 #                              PYTHONPATH (this tree first)
 #   step TEXT...               a timestamped line on stdout and in $out/summary.txt
 #   rows LOG [PATTERN]         a timing log's rows (time_shapes.py's timings and tile budgets, or PATTERN)
@@ -14,9 +15,22 @@
 #                              $out) into $out/logs.tgz, then exit STATUS. The device tool brings back at most 8
 #                              files of OUT: session 54 lost tree_ab_check.sh's summary among its 20 logs
 
+# GN_EXPECT_GPU=TEXT (e.g. H200): exit 3 (a step says why) unless the first GPU's name holds TEXT, case aside; no
+# GPU is not it either. Nothing where GN_EXPECT_GPU is unset. A device call meant for one card that gets another
+# (the H200 kinds may start an H100) stops in seconds instead of timing the wrong card. gpu_check.sh shares it.
+stop_on_unexpected_gpu() {
+  [ -n "${GN_EXPECT_GPU:-}" ] || return 0
+  local card
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  [[ "${card,,}" == *"${GN_EXPECT_GPU,,}"* ]] && return 0
+  step "stop: the GPU is '${card:-none}', not $GN_EXPECT_GPU (GN_EXPECT_GPU)"
+  exit 3
+}
+
 gpu_call_setup() {
   out=${2:?usage: $1 OUT}
   mkdir -p "$out" && out=$(cd "$out" && pwd)
+  stop_on_unexpected_gpu
   export PYTHONUNBUFFERED=1
   export GN_CACHE_DIR=${GN_CACHE_DIR:-/tmp/gncache}
   # this tree importable without an install (a fresh machine has none: session 49's first build failed)

@@ -22,15 +22,11 @@ shift
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 status=0
+# shellcheck source=scripts/gpu_call.sh
+source "$(dirname "$0")/gpu_call.sh"  # (stop_on_unexpected_gpu; its step, redefined below)
 step() { echo "== $*" | tee -a "$out/summary.txt"; }
 
-if [ -n "${GN_EXPECT_GPU:-}" ]; then
-  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-  if [[ "${card,,}" != *"${GN_EXPECT_GPU,,}"* ]]; then
-    step "stop: the GPU is '${card:-none}', not $GN_EXPECT_GPU (GN_EXPECT_GPU)"
-    exit 3
-  fi
-fi
+stop_on_unexpected_gpu
 
 step "install (no network)"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }

@@ -4,21 +4,19 @@
 #   bash scripts/silu_cost_check.sh OUT
 # SILU_SHAPES: shapes without an activation (time_shapes.py's specs; each also runs with :silu)
 # SILU_DTYPES (fp16), SILU_PARTS ("time timeline ncu"), SILU_PROFILE_SHAPE (the timeline's and ncu's shape,
-# 1x128x1024x1024), SILU_GPU: a name nvidia-smi must report (e.g. H200), else exit 3 before any work;
+# 1x128x1024x1024), GN_EXPECT_GPU (or its older name SILU_GPU): a name nvidia-smi must report (e.g. H200), else
+# exit 3 before any work;
 # SILU_NCU_FULL=1: ncu with its per-instruction stall samples too (the SASS lines that stall most).
 # Session 63 (H100): 1x128x1024x1024 forward 276 -> 284 us with SiLU, backward 460 -> 473 (RESULTS.md).
 set -uo pipefail
 source scripts/gpu_call.sh
+export GN_EXPECT_GPU=${GN_EXPECT_GPU:-${SILU_GPU:-}}
 gpu_call_setup silu_cost_check.sh "${1:?usage: silu_cost_check.sh OUT}"
 shapes=${SILU_SHAPES:-1x128x1024x1024 1x256x512x512 1x128x16x256x256 1x512x256x256 1x512x128x128}
 parts=${SILU_PARTS:-time timeline ncu}
 profile=${SILU_PROFILE_SHAPE:-1x128x1024x1024}
 gpu=$(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | head -n 1)
 step "device: $gpu"
-if [ -n "${SILU_GPU:-}" ] && ! grep -q "$SILU_GPU" <<<"$gpu"; then
-  step "not a $SILU_GPU: nothing run"
-  gpu_call_done 3
-fi
 step build
 build_native default
 wait

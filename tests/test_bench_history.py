@@ -453,9 +453,11 @@ def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float)
     assert not (tmp_path / "logs" / "storage").exists()
 
 
+@pytest.mark.parametrize("script", ["gpu_check.sh", "tree_ab_check.sh", "silu_cost_check.sh"])
 @pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", ""], ids=["other-card", "no-gpu"])
-def test_gpu_check_stops_on_a_card_it_was_not_meant_for(tmp_path: Path, card: str) -> None:
-    """GN_EXPECT_GPU: on any other card (or none) gpu_check.sh exits 3 before it installs, builds or times."""
+def test_gpu_scripts_stop_on_a_card_they_were_not_meant_for(tmp_path: Path, card: str, script: str) -> None:
+    """GN_EXPECT_GPU (gpu_call.sh's stop_on_unexpected_gpu, shared by gpu_check.sh and every gpu_call_setup
+    script): on any other card, or none, the script exits 3 before it installs, builds or times anything."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
@@ -465,16 +467,16 @@ def test_gpu_check_stops_on_a_card_it_was_not_meant_for(tmp_path: Path, card: st
         (bin_dir / name).chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", GN_EXPECT_GPU="h200")
     proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs")],
-        cwd=tmp_path,
+        ["bash", str(ROOT / "scripts" / script), str(tmp_path / "logs")],
+        cwd=ROOT,  # (the gpu_call_setup scripts run from the repository's root)
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
     summary = (tmp_path / "logs" / "summary.txt").read_text()
-    assert proc.returncode == 3, summary
-    assert f"the GPU is '{card or 'none'}', not h200" in summary
+    assert proc.returncode == 3, summary + proc.stderr
+    assert f"stop: the GPU is '{card or 'none'}', not h200" in summary
     assert not log.exists()  # nothing installed, built or run
 
 
