@@ -1,8 +1,8 @@
 # Shared by the scripts that are one GPU call each (streamed_rounds_check.sh, small_latency_check.sh); they
 # source it after `set -uo pipefail`:
 #   gpu_call_setup NAME OUT    $out (absolute, created), PYTHONUNBUFFERED, GN_CACHE_DIR (default /tmp/gncache),
-#                              and exit 3 before any work where GN_EXPECT_GPU names another card
-#                              PYTHONPATH (this tree first)
+#                              PYTHONPATH (this tree first); first it exits 3, before any work, where
+#                              GN_EXPECT_GPU names another card (stop_on_unexpected_gpu)
 #   step TEXT...               a timestamped line on stdout and in $out/summary.txt
 #   rows LOG [PATTERN]         a timing log's rows (time_shapes.py's timings and tile budgets, or PATTERN)
 #                              into the summary
