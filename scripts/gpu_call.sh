@@ -17,7 +17,8 @@
 
 # GN_EXPECT_GPU=TEXT (e.g. H200): exit 3 (a step says why) unless the first GPU's name holds TEXT, case aside; no
 # GPU is not it either. Nothing where GN_EXPECT_GPU is unset. A device call meant for one card that gets another
-# (the H200 kinds may start an H100) stops in seconds instead of timing the wrong card. gpu_check.sh shares it.
+# (the H200 kinds may start an H100) stops in seconds instead of timing the wrong card. gpu_check.sh shares it;
+# python -m gn_module.bench (and its models) reads the same variable (bench.device.unexpected_gpu).
 stop_on_unexpected_gpu() {
   [ -n "${GN_EXPECT_GPU:-}" ] || return 0
   local card

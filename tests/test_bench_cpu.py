@@ -701,6 +701,61 @@ def test_without_cuda_exits_3_with_a_clear_message() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "expected", "stops"),
+    [
+        ("NVIDIA H200", "H200", False),
+        ("NVIDIA H200 NVL", "h200", False),  # case aside
+        ("NVIDIA H100 80GB HBM3", "H200", True),
+        (None, "H200", True),  # no GPU is not it either
+        ("NVIDIA H100 80GB HBM3", "", False),  # unset: any GPU
+    ],
+)
+def test_unexpected_gpu(name: str | None, expected: str, stops: bool) -> None:
+    why = bench_device.unexpected_gpu(name, expected)
+    assert (why is not None) == stops
+    if stops:
+        assert expected in why and "GN_EXPECT_GPU" in why and str(name or "none") in why
+
+
+class _PastTheCheck(Exception):
+    """Raised by the first step after the GPU check: the run went on."""
+
+
+def _fake_gpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A CUDA device called `name` as far as the CLIs' checks see; measuring anything raises _PastTheCheck."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)  # (restored after)
+    monkeypatch.setattr(timing, "cuda_device", lambda device: torch.device("cuda", 0))
+
+    def past_the_check(*args: object, **kwargs: object) -> None:
+        raise _PastTheCheck
+
+    monkeypatch.setattr(bench_device, "device_info", past_the_check)
+
+
+@pytest.mark.parametrize("command", [["--quick"], ["models", "--models", "vae"]])
+def test_expect_gpu_stops_a_run_on_another_card(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GN_EXPECT_GPU (as scripts/gpu_call.sh reads it): the benchmark and `bench models` exit 3 on another
+    card before they measure anything, and go on on the card named."""
+    _fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3")
+    monkeypatch.setenv("GN_EXPECT_GPU", "H200")
+    assert bench.main(command) == bench.EXIT_NO_CUDA == 3
+    err = capsys.readouterr().err
+    assert "'NVIDIA H100 80GB HBM3', not H200 (GN_EXPECT_GPU)" in err and "nothing was measured" in err
+    monkeypatch.setenv("GN_EXPECT_GPU", "h100")
+    with pytest.raises(_PastTheCheck):
+        bench.main(command)
+    monkeypatch.delenv("GN_EXPECT_GPU")
+    with pytest.raises(_PastTheCheck):
+        bench.main(command)
+
+
+@pytest.mark.parametrize(
     "args",
     [["--dtypes", "fp64"], ["--impls", "apex"], ["--shapes", "9x9"], ["--reps", "0"], ["--directions", ""]],
 )

@@ -7,7 +7,8 @@ section for benchmarks/RESULTS.md and a PNG chart. What exactly is timed: see gn
 (protocol) and gn_module.bench.impls (calls).
 
 Exit status: 0 after a run (even with target misses or per-implementation errors, which the table
-shows); 2 for bad arguments; 3 when no CUDA device is available (nothing is measured).
+shows); 2 for bad arguments; 3 when no CUDA device is available, or GN_EXPECT_GPU names another GPU than
+the one selected (nothing is measured either way).
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NO_CUDA
 
     from gn_module.bench import report as bench_report
-    from gn_module.bench.device import device_info, device_label
+    from gn_module.bench.device import device_info, device_label, unexpected_gpu
     from gn_module.bench.timing import EventTimer, copy_bandwidth, cuda_device
 
     try:
@@ -223,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RuntimeError, ValueError) as exc:
         parser.error(f"--device: {exc}")
     torch.cuda.set_device(device)
+    if (why := unexpected_gpu(torch.cuda.get_device_name(device))) is not None:
+        print(f"gn_module.bench: {why}.", file=sys.stderr)
+        return EXIT_NO_CUDA
     chain = None
     if args.chain_floors:
         from gn_module.bench.chain_floors import ChainFloorError, load_chain_floors

@@ -14,9 +14,13 @@ Every field is best effort: a missing property or a missing nvidia-smi leaves th
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from typing import Any
+
+#: Environment variable naming the GPU a run is meant for (scripts/gpu_call.sh reads the same one).
+EXPECT_GPU_ENV = "GN_EXPECT_GPU"
 
 #: nvidia-smi query fields -> our keys (clocks in MHz).
 SMI_FIELDS = {
@@ -120,6 +124,19 @@ def stable_machine_info(machine_info: dict[str, Any], gpu: dict[str, Any]) -> No
         if key not in PLATFORM_KEYS:
             del machine_info[key]
     machine_info["gpu"] = machine_identity(gpu)
+
+
+def unexpected_gpu(name: str | None, expected: str | None = None) -> str | None:
+    """Why a run on the GPU called `name` must stop, or None to go on.
+
+    `expected` (default: the GN_EXPECT_GPU environment variable) is text the GPU's name must hold, case
+    aside, e.g. "H200"; unset or empty accepts any GPU. A lent machine may be another kind than the one a
+    history or a comparison is meant for: this stops such a run before it measures anything.
+    """
+    want = os.environ.get(EXPECT_GPU_ENV, "") if expected is None else expected
+    if not want or (name is not None and want.lower() in name.lower()):
+        return None
+    return f"the GPU is {name or 'none'!r}, not {want} ({EXPECT_GPU_ENV}); nothing was measured"
 
 
 def device_label(info: dict[str, Any]) -> str:

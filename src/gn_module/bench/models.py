@@ -38,7 +38,7 @@ in its row; the run goes on. Models whose package is missing are skipped with th
 
 Exit status: 0 after a run in which at least one row was measured (rows with errors included), criteria
 missed or not; 1 when nothing could be measured; 2 for bad arguments; 3 when --device is CUDA and there
-is none.
+is none, or GN_EXPECT_GPU names another GPU (nothing is measured).
 """
 
 from __future__ import annotations
@@ -1237,7 +1237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True  # as examples/train_unet.py and most training scripts
 
-    from gn_module.bench.device import device_info, device_label
+    from gn_module.bench.device import device_info, device_label, unexpected_gpu
+
+    if device.type == "cuda" and (why := unexpected_gpu(torch.cuda.get_device_name(device))) is not None:
+        print(f"gn_module.bench models: {why}.", file=sys.stderr)
+        return EXIT_NO_CUDA
 
     info = device_info(device) if device.type == "cuda" else {"torch": torch.__version__, "cuda": False}
     print(
