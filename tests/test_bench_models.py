@@ -4,6 +4,7 @@ timing."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -773,13 +774,16 @@ def run_json(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
 
 
 def test_cli_tiny_cpu_rows(tmp_path: Path) -> None:
-    rc, data, md = run_json(tmp_path, "--models", "vae,unet", "--precisions", "fp32,bf16")
+    # the unet row loads examples/train_unet.py, which needs lightning (CI installs it; without it the row is
+    # skipped with that reason, so only the vae rows are expected)
+    models = ("vae", "unet") if importlib.util.find_spec("lightning") else ("vae",)
+    rc, data, md = run_json(tmp_path, "--models", ",".join(models), "--precisions", "fp32,bf16")
     assert rc == 0
     assert data["settings"]["steps"] == 2 and data["settings"]["warmup"] == 1 and data["settings"]["tiny"]
     assert data["settings"]["rounds"] == 2 and data["settings"]["profile_gn"] == 1
     assert data["device"]["cuda"] is False and data["command"].startswith("python -m gn_module.bench models")
     rows = {(r["model"], r["precision"]): r for r in data["rows"]}
-    assert set(rows) == {("vae", "fp32"), ("vae", "bf16"), ("unet", "fp32"), ("unet", "bf16")}
+    assert set(rows) == {(m, p) for m in models for p in ("fp32", "bf16")}
     for r in rows.values():
         assert r["mode"] == "eager" and r["errors"] == {}
         assert r["baseline_layout"] in ("channels_last", "contiguous")
@@ -804,17 +808,20 @@ def test_cli_tiny_cpu_rows(tmp_path: Path) -> None:
         assert max(losses) == pytest.approx(min(losses), rel=1e-2 if r["precision"] == "bf16" else 1e-5)
     # Our VAE calls SiLU in forward (diffusers style): swapped, fused only with --fuse-calls.
     assert (rows["vae", "fp32"]["swapped"], rows["vae", "fp32"]["fused"]) == (24, 0)
-    # examples/train_unet.py's UNet puts GroupNorm -> SiLU in nn.Sequential: every one fused.
-    assert rows["unet", "fp32"]["swapped"] == rows["unet", "fp32"]["fused"] > 0
-    assert "| model | precision | mode | baseline layout |" in md and md.count("| unet |") == 2
+    assert "| model | precision | mode | baseline layout |" in md
+    if "unet" in models:
+        # examples/train_unet.py's UNet puts GroupNorm -> SiLU in nn.Sequential: every one fused.
+        assert rows["unet", "fp32"]["swapped"] == rows["unet", "fp32"]["fused"] > 0
+        assert md.count("| unet |") == 2
     assert (
         "| GN ms | GN share | saved ms | saved/GN |" in md
         and "GN ms: CPU time of torch's GroupNorm ops" in md
     )
     # On the CPU the criteria are reported, not judged.
     assert {c["status"] for c in data["criteria"]} == {"reported"}
-    assert data["criteria_summary"]["reported"] == len(data["criteria"]) == 4 * 3 + 1  # + vae bf16 1.6x
-    assert "Model criteria (issue 13): 13 reported, not judged (CPU run):" in md
+    criteria = len(rows) * 3 + 1  # + vae bf16 1.6x
+    assert data["criteria_summary"]["reported"] == len(data["criteria"]) == criteria
+    assert f"Model criteria (issue 13): {criteria} reported, not judged (CPU run):" in md
 
 
 def test_cli_gn_free_rows(tmp_path: Path) -> None:
