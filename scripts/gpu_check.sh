@@ -16,14 +16,18 @@
 #   GN_EXPECT_GPU=H200                  stop at once (exit 3, nothing installed or run) unless the first GPU's
 #                                       name holds this text: a history run meant for one card, asked for
 #                                       where another kind may come, costs seconds instead of a wrong run
+#   GN_PACK_LOGS=1                      at the end, every log but summary.txt, gate.txt, bench.json and saved/
+#                                       into LOGDIR/logs.tgz (gpu_call_done): with LOGDIR=$OUT a device call
+#                                       brings back all of it (at most 8 files, 2 folders down), the saved run
+#                                       included, with no wrapper script to keep
 set -uo pipefail
 out=${1:?usage: gpu_check.sh LOGDIR [pytest args]}
 shift
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)  # (absolute: gpu_call_done packs from inside it)
 export PYTHONUNBUFFERED=1
 status=0
 # shellcheck source=scripts/gpu_call.sh
-source "$(dirname "$0")/gpu_call.sh"  # (stop_on_unexpected_gpu; its step, redefined below)
+source "$(dirname "$0")/gpu_call.sh"  # (stop_on_unexpected_gpu, gpu_call_done; its step, redefined below)
 step() { echo "== $*" | tee -a "$out/summary.txt"; }
 
 stop_on_unexpected_gpu
@@ -99,4 +103,5 @@ if [ -d benchmarks ] && [ -z "${GN_SKIP_BENCH:-}" ]; then
   fi
 fi
 step "exit status $status"
+[ -z "${GN_PACK_LOGS:-}" ] || gpu_call_done "$status" gate.txt bench.json saved
 exit $status

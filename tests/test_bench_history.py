@@ -399,9 +399,15 @@ exit 0
 """
 
 
-@pytest.mark.parametrize("again_us", [510.0, 990.0], ids=["burst", "regression"])
-def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float) -> None:
-    key = ("1x8x4x4-G2", "fp16", "bwd", "ours-auto")
+FLAGGED = ("1x8x4x4-G2", "fp16", "bwd", "ours-auto")
+
+
+def _gpu_check_on_a_stand_in(
+    tmp_path: Path, again_us: float, **env_extra: str
+) -> tuple[subprocess.CompletedProcess[str], Path, list[str]]:
+    """scripts/gpu_check.sh's benchmark part on a fake H200: FLAGGED runs 1000 us against the saved 500, then
+    `again_us` when timed again. Returns the process, the run's json and the stand-in's pytest calls."""
+    key = FLAGGED
     (tmp_path / "benchmarks").mkdir()
     storage = tmp_path / ".benchmarks"
     write_runs(storage, saved_json(BASE, "aaa", "2026-11-30T07:00:00"))
@@ -429,6 +435,7 @@ def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float)
         GN_BENCH_SELECT="",
         GN_BENCH_SAVE="1",
         GN_EXPECT_GPU="H200",  # the card it is meant for: the run goes on
+        **env_extra,
     )
     proc = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs")],
@@ -439,6 +446,12 @@ def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float)
         timeout=120,
     )
     pytest_calls = [line for line in log.read_text().splitlines() if line.startswith("-m pytest")]
+    return proc, run, pytest_calls
+
+
+@pytest.mark.parametrize("again_us", [510.0, 990.0], ids=["burst", "regression"])
+def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float) -> None:
+    proc, run, pytest_calls = _gpu_check_on_a_stand_in(tmp_path, again_us)
     assert len(pytest_calls) == 2 and "test_groupnorm[1x8x4x4-G2-fp16-bwd-ours-auto]" in pytest_calls[1]
     summary = (tmp_path / "logs" / "summary.txt").read_text()
     assert "recheck of the 1 flagged benchmarks" in summary
@@ -451,6 +464,23 @@ def test_gpu_check_times_the_flagged_rows_again(tmp_path: Path, again_us: float)
     saved = tmp_path / "logs" / "saved" / "Linux-CPython-3.12-64bit" / "0002_bbb_20261130_080000.json"
     assert saved.read_bytes() == run.read_bytes() and str(saved) in summary
     assert not (tmp_path / "logs" / "storage").exists()
+
+
+def test_gpu_check_packs_its_logs_for_a_device_call(tmp_path: Path) -> None:
+    """GN_PACK_LOGS=1: LOGDIR keeps what a reader opens first and the saved run, at most 2 folders down; the
+    rest goes into logs.tgz. The device tool brings back 8 files of OUT at most, none deeper than that."""
+    proc, run, _ = _gpu_check_on_a_stand_in(tmp_path, 510.0, GN_PACK_LOGS="1")
+    logs = tmp_path / "logs"
+    assert proc.returncode == 0, (logs / "summary.txt").read_text() + proc.stderr
+    saved = "saved/Linux-CPython-3.12-64bit/0002_bbb_20261130_080000.json"
+    files = sorted(str(f.relative_to(logs)) for f in logs.rglob("*") if f.is_file())
+    assert files == ["bench.json", "gate.txt", "logs.tgz", saved, "summary.txt"]
+    assert (logs / saved).read_bytes() == run.read_bytes()
+    tgz = str(logs / "logs.tgz")
+    listing = subprocess.run(["tar", "tzf", tgz], capture_output=True, text=True, check=True)
+    names = {name.removeprefix("./") for name in listing.stdout.split()}
+    assert {"install.log", "build.log", "bench.log", "recheck.json", "recheck.log"} <= names
+    assert not names & {"summary.txt", "gate.txt", "bench.json", "saved"}
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "tree_ab_check.sh", "silu_cost_check.sh"])
